@@ -1,0 +1,248 @@
+"""An MLP actor-critic for flat observations (CleanRL / SB3 ``MlpPolicy`` style).
+
+Separate actor and critic networks by default (no shared trunk), orthogonal init with
+gain ``sqrt(2)`` on hidden layers, ``0.01`` on the policy head and ``1.0`` on the value
+head, tanh activations. The action head follows the action space: categorical for
+``Discrete``, diagonal Gaussian with a state-independent ``log_std`` for ``Box``, or a
+tanh-squashed Gaussian (``action_head="squashed_gaussian"``, for SAC).
+
+Shapes: ``N`` = batch, ``obs[N, *obs_shape]`` (flattened to ``[N, obs_dim]``), actions
+``[N]`` (Discrete, int64) or ``[N, A]`` (Box); log-probs, entropies and values ``[N]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlinf_nb.config import ConfigError, build, deep_merge, param, to_dict
+from rlinf_nb.policies.distributions import (
+    ActionDistribution,
+    CategoricalHead,
+    GaussianHead,
+    SquashedGaussianHead,
+    layer_init,
+)
+from rlinf_nb.policies.registry import register_policy
+
+__all__ = ["ACTIVATIONS", "ActorCritic", "MLPPolicyConfig"]
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "elu": nn.ELU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "leaky_relu": nn.LeakyReLU,
+}
+ACTION_HEADS = ("auto", "categorical", "gaussian", "squashed_gaussian")
+
+
+@dataclass
+class MLPPolicyConfig:
+    """Architecture of :class:`ActorCritic`."""
+
+    hidden_sizes: tuple[int, ...] = param(
+        (64, 64), doc="widths of the actor's hidden layers (and of the shared trunk)"
+    )
+    critic_hidden_sizes: tuple[int, ...] | None = param(
+        None, doc="widths of the critic's hidden layers; None = same as hidden_sizes"
+    )
+    activation: str = param("tanh", doc="hidden-layer activation", choices=tuple(ACTIVATIONS))
+    share_trunk: bool = param(
+        False, doc="actor and critic share the hidden layers (one trunk, two linear heads)"
+    )
+    action_head: str = param(
+        "auto",
+        doc="action distribution; auto = categorical for Discrete, gaussian for Box",
+        choices=ACTION_HEADS,
+    )
+    log_std_init: float = param(0.0, doc="initial log std of the Gaussian head", range=(-20.0, 5.0))
+    log_std_min: float = param(-5.0, doc="lower bound of the squashed Gaussian's log std", range=(-20.0, 5.0))
+    log_std_max: float = param(2.0, doc="upper bound of the squashed Gaussian's log std", range=(-20.0, 5.0))
+    ortho_init: bool = param(
+        True, doc="orthogonal init (gains sqrt(2) hidden, 0.01 policy head, 1 value head)"
+    )
+
+    def validate(self) -> None:
+        for name in ("hidden_sizes", "critic_hidden_sizes"):
+            sizes = getattr(self, name)
+            if sizes is not None and any(s < 1 for s in sizes):
+                raise ConfigError(name, sizes, "every layer width must be >= 1")
+        if self.share_trunk and self.critic_hidden_sizes is not None:
+            raise ConfigError(
+                "critic_hidden_sizes", self.critic_hidden_sizes, "must be None when share_trunk is true"
+            )
+        if self.log_std_min >= self.log_std_max:
+            raise ConfigError("log_std_min", self.log_std_min, f"must be < log_std_max ({self.log_std_max})")
+
+
+def _mlp(in_dim: int, sizes: tuple[int, ...], activation: str, ortho: bool) -> tuple[nn.Sequential, int]:
+    layers: list[nn.Module] = []
+    for width in sizes:
+        linear = nn.Linear(in_dim, width)
+        if ortho:
+            layer_init(linear, math.sqrt(2.0))
+        layers += [linear, ACTIVATIONS[activation]()]
+        in_dim = width
+    return nn.Sequential(*layers), in_dim
+
+
+@register_policy("mlp")
+class ActorCritic(nn.Module):
+    """MLP actor-critic.
+
+    Args:
+        obs_space: a ``Box`` observation space (any shape; flattened).
+        action_space: ``Discrete`` or ``Box``.
+        config: the architecture; ``None`` = :class:`MLPPolicyConfig` defaults.
+        **overrides: config fields to override (validated, e.g. ``hidden_sizes=(256, 256)``).
+    """
+
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        config: MLPPolicyConfig | None = None,
+        **overrides: Any,
+    ):
+        super().__init__()
+        base = to_dict(config) if config is not None else {}
+        self.config: MLPPolicyConfig = build(MLPPolicyConfig, deep_merge(base, overrides))
+        cfg = self.config
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ValueError(f"ActorCritic needs a Box observation space, got {obs_space}")
+        self.obs_space = obs_space
+        self.action_space = action_space
+        self.obs_dim = int(np.prod(obs_space.shape))
+
+        head = cfg.action_head
+        if head == "auto":
+            if isinstance(action_space, gym.spaces.Discrete):
+                head = "categorical"
+            elif isinstance(action_space, gym.spaces.Box):
+                head = "gaussian"
+            else:
+                raise ValueError(f"ActorCritic supports Discrete or Box action spaces, got {action_space}")
+        if head == "categorical" and not isinstance(action_space, gym.spaces.Discrete):
+            raise ValueError(f"action_head 'categorical' needs a Discrete action space, got {action_space}")
+        if head != "categorical" and not isinstance(action_space, gym.spaces.Box):
+            raise ValueError(f"action_head {head!r} needs a Box action space, got {action_space}")
+        self.head_kind = head
+
+        if cfg.share_trunk:
+            trunk, feat = _mlp(self.obs_dim, cfg.hidden_sizes, cfg.activation, cfg.ortho_init)
+            self.actor_body = trunk
+            self.critic_body = trunk  # the same module: its parameters get both gradients
+            actor_feat = critic_feat = feat
+        else:
+            self.actor_body, actor_feat = _mlp(self.obs_dim, cfg.hidden_sizes, cfg.activation, cfg.ortho_init)
+            critic_sizes = (
+                cfg.critic_hidden_sizes if cfg.critic_hidden_sizes is not None else cfg.hidden_sizes
+            )
+            self.critic_body, critic_feat = _mlp(self.obs_dim, critic_sizes, cfg.activation, cfg.ortho_init)
+
+        policy_gain = 0.01 if cfg.ortho_init else 1.0
+        if head == "categorical":
+            self.actor_head: nn.Module = CategoricalHead(actor_feat, int(action_space.n), gain=policy_gain)
+        elif head == "gaussian":
+            act_dim = int(np.prod(action_space.shape))
+            self.actor_head = GaussianHead(actor_feat, act_dim, cfg.log_std_init, gain=policy_gain)
+        else:
+            act_dim = int(np.prod(action_space.shape))
+            self.actor_head = SquashedGaussianHead(
+                actor_feat,
+                act_dim,
+                low=action_space.low,
+                high=action_space.high,
+                log_std_min=cfg.log_std_min,
+                log_std_max=cfg.log_std_max,
+                gain=policy_gain,
+            )
+        self.critic_head = nn.Linear(critic_feat, 1)
+        if cfg.ortho_init:
+            layer_init(self.critic_head, 1.0)
+        if not cfg.ortho_init:
+            # Keep PyTorch's default init everywhere; re-init the heads that layer_init touched.
+            for module in self.actor_head.modules():
+                if isinstance(module, nn.Linear):
+                    module.reset_parameters()
+
+    # ------------------------------------------------------------------ parameters
+
+    def actor_parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters that the policy (action distribution) depends on."""
+        yield from self.actor_body.parameters()
+        yield from self.actor_head.parameters()
+
+    def critic_parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters that the value function depends on."""
+        yield from self.critic_body.parameters()
+        yield from self.critic_head.parameters()
+
+    # ------------------------------------------------------------------ forward pieces
+
+    def _flat(self, obs: Tensor) -> Tensor:
+        if obs.dim() != 2:
+            obs = obs.reshape(obs.shape[0], -1)
+        if obs.dtype != self.critic_head.weight.dtype:
+            obs = obs.to(self.critic_head.weight.dtype)
+        return obs
+
+    def distribution(self, obs: Tensor) -> ActionDistribution:
+        """The action distribution for ``obs[N, ...]``."""
+        return self.actor_head(self.actor_body(self._flat(obs)))
+
+    def value(self, obs: Tensor) -> Tensor:
+        """State values ``[N]``."""
+        return self.critic_head(self.critic_body(self._flat(obs))).squeeze(-1)
+
+    def _dist_and_value(self, obs: Tensor) -> tuple[ActionDistribution, Tensor]:
+        x = self._flat(obs)
+        if self.config.share_trunk:
+            feat = self.actor_body(x)
+            return self.actor_head(feat), self.critic_head(feat).squeeze(-1)
+        return self.actor_head(self.actor_body(x)), self.critic_head(self.critic_body(x)).squeeze(-1)
+
+    # ------------------------------------------------------------------ API
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Rollout step (no gradients): ``obs[N, ...] -> (action, logprob[N], value[N])``.
+
+        Gaussian actions are not clipped to the space's bounds (clip in the env runner and
+        store the unclipped action); squashed-Gaussian actions are within bounds.
+        """
+        dist, value = self._dist_and_value(obs)
+        action = dist.mode() if deterministic else dist.sample()
+        return action, dist.log_prob(action), value
+
+    def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Training step: ``(obs[N, ...], action) -> (logprob[N], entropy[N], value[N])`` with gradients."""
+        dist, value = self._dist_and_value(obs)
+        return dist.log_prob(action), dist.entropy(), value
+
+    def sample(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+        """Reparameterised ``(action, logprob[N])`` with gradients (SAC's actor update).
+
+        Not available for the categorical head.
+        """
+        dist = self.distribution(obs)
+        if deterministic:
+            action = dist.mode()
+            return action, dist.log_prob(action)
+        return dist.rsample_with_log_prob()
+
+    def extra_repr(self) -> str:
+        fields = ", ".join(
+            f"{f.name}={getattr(self.config, f.name)!r}" for f in dataclasses.fields(self.config)
+        )
+        return f"head={self.head_kind}, {fields}"
