@@ -42,5 +42,5 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq -t bookworm-backports mesa-vulkan-drivers
-$SUDO apt-get install -y -qq libvulkan1 chromium
+$SUDO apt-get install -y -qq --no-install-recommends libvulkan1 chromium
 echo "[setup-system] done"

@@ -1,0 +1,61 @@
+"""Algorithms register their config class, their stages and their learner update.
+
+An algorithm is data: an ordered list of named :class:`Stage` functions run by the
+run controller (``rollout -> advantages -> update -> sync_weights`` for PPO), a typed
+config class for its ``algo:`` section, and an ``update`` function the learner
+worker calls. Register with :func:`register_algorithm`; look up with :func:`get_algorithm`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named step of an algorithm's loop: ``fn(ctx) -> summary dict | None``."""
+
+    name: str
+    fn: Callable[[Any], dict[str, Any] | None]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What the runtime needs to run an algorithm."""
+
+    name: str
+    config_cls: type
+    stages: tuple[Stage, ...]
+    make_learner: Callable[..., Any]  # (policy, cfg) -> learner with .update(batch, cfg) and .state_dict()
+    doc: str = ""
+
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+
+def register_algorithm(algo: Algorithm) -> Algorithm:
+    _REGISTRY[algo.name] = algo
+    return algo
+
+
+def registered_algorithms() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The registered algorithm ``name``; ``KeyError`` lists the known ones."""
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown algorithm {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def _load_builtin() -> None:
+    from rlinf_nb.algorithms import ppo  # noqa: F401 - registers itself

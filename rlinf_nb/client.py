@@ -1,0 +1,341 @@
+"""The client API: ``launch``, ``get_run``, ``list_runs`` and the :class:`Run` handle.
+
+A :class:`Run` is a thin handle: every call goes to the run's controller actor on
+the cluster (or, for a run whose controller is gone, to its directory). Nothing
+heavy happens in the kernel; restarting it never touches a run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from rlinf_nb import recipes
+from rlinf_nb.config import ConfigError, build, deep_merge, nest_dotted, to_dict
+from rlinf_nb.connection import ensure_attached
+from rlinf_nb.run_config import ALIASES, RunConfig
+from rlinf_nb.runtime import cluster
+from rlinf_nb.runtime.controller import RunController, actor_name, source_of
+from rlinf_nb.runtime.rundir import RunDir, dedupe_steps
+
+FINAL_STATES = ("finished", "stopped", "failed")
+
+
+def resolve_config(config_or_recipe: str | Mapping[str, Any] | RunConfig, **overrides: Any) -> RunConfig:
+    """A validated :class:`RunConfig` from a recipe name, dict or config, plus overrides.
+
+    Overrides use dotted or double-underscore paths (``algo__lr=3e-4``) or the short
+    aliases ``num_envs``, ``env_workers``, ``env_id``.
+    """
+    if isinstance(config_or_recipe, str):
+        base = recipes.load(config_or_recipe)
+    elif isinstance(config_or_recipe, RunConfig):
+        base = to_dict(config_or_recipe)
+    elif isinstance(config_or_recipe, Mapping):
+        base = dict(config_or_recipe)
+    else:
+        raise TypeError(
+            f"launch() takes a recipe name, a dict or a RunConfig, not {type(config_or_recipe).__name__}"
+        )
+    expanded = {ALIASES.get(k, k): v for k, v in overrides.items()}
+    merged = deep_merge(base, nest_dotted(expanded))
+    return build(RunConfig, merged)
+
+
+def _default_name(cfg: RunConfig) -> str:
+    env = cfg.env.id.split(":")[-1].split("-")[0].lower()
+    return f"{cfg.algorithm}_{env}_{_dt.datetime.now().strftime('%Y%m%d_%H%M%S')}"
+
+
+def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | None = None,
+           resume: bool = False, **overrides: Any) -> Run:  # fmt: skip
+    """Start a run on the cluster (attaching first if needed) and return its handle.
+
+    Args:
+        config_or_recipe: a packaged recipe name (``rl.recipes.names()``), a dict or a RunConfig.
+        name: the run's name (its directory under ``runs/``); default: algorithm_env_timestamp.
+        resume: continue the existing run ``name`` from its newest complete checkpoint.
+        **overrides: config values, e.g. ``num_envs=16``, ``seed=1``, ``algo__lr=3e-4``.
+
+    Raises:
+        ConfigError: a bad key or value (names the key path, the value, what is allowed).
+        ValueError: ``name`` exists and ``resume`` is false, or it is still running.
+    """
+    import ray
+
+    ensure_attached()
+    run_dir = RunDir(name) if name else None
+    if resume:
+        if run_dir is None or not run_dir.exists:
+            raise ValueError(f"resume=True needs the name of an existing run; {name!r} has no run directory")
+        saved = run_dir.read_config()
+        cfg = resolve_config(saved, **overrides)
+    else:
+        cfg = resolve_config(config_or_recipe, **overrides)
+        name = name or _default_name(cfg)
+        if RunDir(name).exists:
+            raise ValueError(f"a run named {name!r} already exists; pick another name or pass resume=True")
+    _check_name(name)
+    existing = _find_actor(name)
+    if existing is not None:
+        status = ray.get(existing.status.remote(), timeout=30)
+        if status["state"] not in FINAL_STATES:
+            raise ValueError(
+                f"run {name!r} is still {status['state']}; stop it first (rl.get_run({name!r}).stop())"
+            )
+        ray.kill(existing)
+        _wait_gone(name)
+    RunController.options(name=actor_name(name), namespace=cluster.NAMESPACE, lifetime="detached",
+                          max_restarts=0).remote(name, to_dict(cfg), resume)  # fmt: skip
+    run = Run(name)
+    run._wait_started()
+    return run
+
+
+def _check_name(name: str) -> None:
+    if not name or "/" in name or name.startswith(".") or len(name) > 120:
+        raise ConfigError("name", name, "run names are non-empty, have no '/', do not start with '.'")
+
+
+def _find_actor(name: str) -> Any | None:
+    import ray
+
+    try:
+        return ray.get_actor(actor_name(name), namespace=cluster.NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _wait_gone(name: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while _find_actor(name) is not None and time.time() < deadline:
+        time.sleep(0.2)
+
+
+def get_run(name: str) -> Run:
+    """Re-attach to run ``name`` (live or finished) with its full history."""
+    ensure_attached()
+    run = Run(name)
+    if run._actor() is None and not run.run_dir.exists:
+        known = ", ".join(r["name"] for r in list_runs()) or "(none)"
+        raise ValueError(f"no run named {name!r}; runs: {known}")
+    return run
+
+
+def list_runs() -> list[dict[str, Any]]:
+    """Every run directory, with whether its controller is alive."""
+    from rlinf_nb import paths
+
+    ensure_attached()
+    out = []
+    for path in sorted(paths.runs_dir().iterdir()):
+        if (path / "config.yaml").exists():
+            out.append({"name": path.name, "live": _find_actor(path.name) is not None, "path": str(path)})
+    return out
+
+
+class BatchView:
+    """The batch of the stage that ran last: a summary table and the arrays on demand."""
+
+    def __init__(self, run: Run):
+        self._run = run
+        self.rows: list[dict[str, Any]] = run._call("batch_summary")
+
+    def summary(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    def keys(self) -> list[str]:
+        return [r["key"] for r in self.rows]
+
+    def to_local(self, keys: list[str] | None = None) -> dict[str, Any]:
+        """Copy the arrays (all, or ``keys``) into this process."""
+        return self._run._call("batch_arrays", keys)
+
+    def _repr_html_(self) -> str:
+        return self.summary()._repr_html_()
+
+    def __repr__(self) -> str:
+        return repr(self.summary())
+
+
+class Run:
+    """A handle to one run: control, metrics, events."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.run_dir = RunDir(name)
+        self._handle = None
+
+    def __repr__(self) -> str:
+        try:
+            st = self.status()
+            return f"<Run {self.name!r} {st['state']} step={st['update_step']} env_steps={st['env_steps']}>"
+        except Exception:  # noqa: BLE001 - repr must not raise
+            return f"<Run {self.name!r}>"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _actor(self) -> Any | None:
+        if self._handle is None:
+            self._handle = _find_actor(self.name)
+        return self._handle
+
+    def _call(self, method: str, *args: Any, timeout: float = 60.0, **kwargs: Any) -> Any:
+        import ray
+
+        actor = self._actor()
+        if actor is None:
+            raise RuntimeError(
+                f"run {self.name!r} has no live controller (it was stopped, or the cluster restarted); its history "
+                f"is still readable with metrics()/events(), and rl.launch(name={self.name!r}, resume=True) continues it"
+            )
+        try:
+            return ray.get(getattr(actor, method).remote(*args, **kwargs), timeout=timeout)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            raise cause from None
+        except ray.exceptions.RayActorError:
+            self._handle = None
+            raise
+
+    @property
+    def live(self) -> bool:
+        return self._actor() is not None
+
+    def _wait_started(self, timeout: float = 600) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            st = self.status()
+            if st["state"] != "starting":
+                if st["state"] == "failed":
+                    raise RuntimeError(f"run {self.name!r} failed to start:\n{st['error']}")
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"run {self.name!r} did not start within {timeout} s")
+
+    # ------------------------------------------------------------------ control
+
+    def status(self) -> dict[str, Any]:
+        return self._call("status")
+
+    def health(self) -> dict[str, Any]:
+        return self._call("health")
+
+    def pause(self) -> dict[str, Any]:
+        return self._call("pause")
+
+    def resume(self) -> dict[str, Any]:
+        return self._call("resume")
+
+    def stop(self, wait: bool = True, timeout: float = 300) -> dict[str, Any]:
+        status = self._call("stop")
+        if wait:
+            deadline = time.time() + timeout
+            while status["state"] not in FINAL_STATES and time.time() < deadline:
+                time.sleep(0.2)
+                status = self.status()
+        return status
+
+    def step(self, stage: str | None = None, timeout: float = 600) -> dict[str, Any]:
+        """Run the next stage (or up to and including ``stage``) and stay paused; returns its summary."""
+        return self._call("step", stage, timeout, timeout=timeout + 30)
+
+    def set_hparams(self, **changes: Any) -> dict[str, Any]:
+        """Change live hyperparameters (``lr=3e-4``); applied at the next stage boundary."""
+        return self._call("set_hparams", changes)
+
+    def override(self, stage: str, fn: Callable[[Any], dict[str, Any] | None]) -> None:
+        """Replace stage ``stage`` with ``fn(ctx)`` (a function defined in a cell is fine)."""
+        self._call("override", stage, fn, source_of(fn))
+
+    def revert(self, stage: str) -> bool:
+        return self._call("revert", stage)
+
+    def checkpoint(self) -> str | None:
+        return self._call("checkpoint_now", timeout=300)
+
+    def batch(self) -> BatchView:
+        return BatchView(self)
+
+    def latest_frames(self) -> dict[int, Any]:
+        return self._call("latest_frames")
+
+    @property
+    def hparams(self) -> dict[str, dict[str, Any]]:
+        return self._call("live_params")
+
+    def config(self) -> dict[str, Any]:
+        return self._call("config") if self.live else self.run_dir.read_config()
+
+    # ------------------------------------------------------------------ history
+
+    def metrics_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
+        return self._call("metrics_since", cursor)
+
+    def events_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
+        return self._call("events_since", cursor)
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per update: ``step``, ``env_steps``, ``wall_time``, ``episode_return_mean``, losses, ..."""
+        rows = self.metrics_since(0)[0] if self.live else dedupe_steps(self.run_dir.metrics.read())
+        return pd.DataFrame(rows)
+
+    def events(self) -> pd.DataFrame:
+        rows = self.events_since(0)[0] if self.live else self.run_dir.events.read()
+        return pd.DataFrame(rows)
+
+    def wait(self, until: Mapping[str, float] | Callable[[dict], bool] | str = "done", timeout: float | None = None,
+             progress: bool = True, poll: float = 0.5) -> dict[str, Any]:  # fmt: skip
+        """Block until the run ends (``"done"``), a metric reaches a value (``{"episode_return_mean": 475}``)
+        or ``until(last_metrics_row)`` is true. Shows a tqdm bar over env steps."""
+        from tqdm.auto import tqdm
+
+        status = self.status()
+        total = status["budget"]["total_env_steps"]
+        bar = tqdm(total=total, desc=self.name, unit="step", disable=not progress, leave=True)
+        deadline = None if timeout is None else time.time() + timeout
+        cursor, last = 0, {}
+        try:
+            while True:
+                rows, cursor = self.metrics_since(cursor)
+                if rows:
+                    last = rows[-1]
+                status = self.status()
+                bar.n = min(total, status["env_steps"])
+                ret = status.get("episode_return_mean")
+                bar.set_postfix(state=status["state"], ret=f"{ret:.1f}" if ret is not None else "-")
+                bar.refresh()
+                if _reached(until, last, status):
+                    return status
+                if status["state"] in FINAL_STATES:
+                    if until != "done" and status["state"] != "failed":
+                        return status
+                    if status["state"] == "failed":
+                        raise RuntimeError(f"run {self.name!r} failed:\n{status['error']}")
+                    return status
+                if deadline is not None and time.time() > deadline:
+                    raise TimeoutError(
+                        f"run {self.name!r}: condition {until!r} not reached within {timeout} s"
+                    )
+                time.sleep(poll)
+        finally:
+            bar.close()
+
+    def dashboard(self, **kwargs: Any) -> Any:
+        from rlinf_nb.widgets import dashboard
+
+        return dashboard(self, **kwargs)
+
+
+def _reached(until: Any, last: dict[str, Any], status: dict[str, Any]) -> bool:
+    if until == "done":
+        return status["state"] in FINAL_STATES
+    if callable(until):
+        return bool(last) and bool(until(last))
+    if isinstance(until, Mapping):
+        return bool(last) and all(last.get(k) is not None and last[k] >= v for k, v in until.items())
+    raise ValueError(f"wait(until=...) takes 'done', a {{metric: value}} dict or a callable, not {until!r}")

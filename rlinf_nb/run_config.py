@@ -1,0 +1,145 @@
+"""The config of a run: env, algorithm section, policy, placement, budget, checkpoints.
+
+A run config is built from a packaged recipe (``rlinf_nb/recipes/<name>.yaml``) or a
+dict, plus keyword overrides (``num_envs=16``, ``algo__lr=3e-4`` or ``{"algo.lr": 3e-4}``).
+Every key is validated; a bad one raises :class:`~rlinf_nb.config.ConfigError`
+naming its path, the value and what is allowed. The ``algo`` section is typed by the
+algorithm's own config class (see :mod:`rlinf_nb.algorithms.registry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_nb.config import ConfigError, build, live_fields, param
+
+
+@dataclass
+class EnvConfig:
+    """Which env each env worker runs."""
+
+    id: str = param("CartPole-v1", doc="env spec for make_env: a gymnasium id or 'prefix:id'")
+    num_envs: int = param(8, doc="vectorised envs per env worker", range=(1, 4096))
+    kwargs: dict[str, Any] = param(factory=dict, doc="extra keyword arguments for the env constructor")
+    render_every: int = param(
+        0, doc="keep a frame every N env steps for the viewer (0 = off)", range=(0, None)
+    )
+
+
+@dataclass
+class GroupConfig:
+    """Size and placement of one worker group."""
+
+    num_workers: int = param(1, doc="how many workers in the group", range=(1, 256))
+    num_cpus: float = param(0.5, doc="CPUs reserved per worker", range=(0, 256))
+    num_gpus: float = param(0.0, doc="GPUs reserved per worker", range=(0, 16))
+    node_group: str | None = param(None, doc="place on nodes of this cluster-YAML label (None = anywhere)")
+    resources: dict[str, float] = param(factory=dict, doc="extra Ray resources per worker (e.g. robot:arm0)")
+
+
+# Defaults reserve one CPU per run in all, so two small runs fit side by side on 2 cores.
+def _env_group() -> GroupConfig:
+    return GroupConfig(num_workers=1, num_cpus=0.25)
+
+
+def _actor_group() -> GroupConfig:
+    return GroupConfig(num_workers=1, num_cpus=0.5)
+
+
+@dataclass
+class PlacementConfig:
+    """The worker groups of a run."""
+
+    env: GroupConfig = param(factory=_env_group, doc="env workers (simulators or robots)")
+    rollout: GroupConfig = param(factory=_env_group, doc="rollout workers (policy inference)")
+    actor: GroupConfig = param(factory=_actor_group, doc="the learner")
+
+
+@dataclass
+class BudgetConfig:
+    """When a run ends by itself."""
+
+    total_env_steps: int = param(200_000, doc="stop after this many env steps", range=(1, None))
+    stop_metric: str | None = param(None, doc="metric that ends the run early when it reaches stop_value")
+    stop_value: float | None = param(None, doc="threshold for stop_metric (>=)")
+
+    def validate(self) -> None:
+        if (self.stop_metric is None) != (self.stop_value is None):
+            raise ConfigError("stop_value", self.stop_value, "set stop_metric and stop_value together")
+
+
+@dataclass
+class CheckpointConfig:
+    """How often state is saved."""
+
+    every: int = param(10, doc="save a checkpoint every N updates (0 = only at the end)", range=(0, None))
+    keep: int = param(3, doc="complete checkpoints to keep", range=(1, 1000))
+
+
+@dataclass
+class PolicyConfig:
+    """Which registered policy, and its keyword arguments."""
+
+    name: str = param("mlp", doc="registered policy name (rlinf_nb.policies.registered_policies())")
+    kwargs: dict[str, Any] = param(factory=dict, doc="arguments of the policy (e.g. hidden_sizes)")
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs; written resolved to ``runs/<name>/config.yaml``."""
+
+    algorithm: str = param("ppo", doc="registered algorithm name")
+    seed: int = param(0, doc="seed for envs, torch and numpy")
+    env: EnvConfig = param(factory=EnvConfig, doc="the env")
+    algo: Any = param(factory=dict, doc="the algorithm's own section (typed by its config class)")
+    policy: PolicyConfig = param(factory=PolicyConfig, doc="the policy")
+    placement: PlacementConfig = param(factory=PlacementConfig, doc="worker groups")
+    budget: BudgetConfig = param(factory=BudgetConfig, doc="when to stop")
+    checkpoint: CheckpointConfig = param(factory=CheckpointConfig, doc="checkpointing")
+    metrics_window: int = param(20, doc="episodes averaged into episode_return_mean", range=(1, 10_000))
+
+    def validate(self) -> None:
+        from rlinf_nb.algorithms.registry import get_algorithm, registered_algorithms
+
+        try:
+            algo = get_algorithm(self.algorithm)
+        except KeyError:
+            raise ConfigError(
+                "algorithm", self.algorithm, f"allowed values: {', '.join(registered_algorithms())}"
+            ) from None
+        if not dataclasses.is_dataclass(self.algo):
+            section = self.algo if isinstance(self.algo, dict) else {}
+            if not isinstance(self.algo, dict):
+                raise ConfigError("algo", self.algo, "expected a mapping of algorithm settings")
+            self.algo = build(algo.config_cls, section, path="algo")
+        elif not isinstance(self.algo, algo.config_cls):
+            raise ConfigError("algo", type(self.algo).__name__, f"expected {algo.config_cls.__name__}")
+
+
+# Short names a user may pass as keyword overrides / set_hparams.
+ALIASES = {"num_envs": "env.num_envs", "env_workers": "placement.env.num_workers", "env_id": "env.id"}
+
+
+def live_params(cfg: RunConfig) -> dict[str, dataclasses.Field]:
+    """Fields that may change mid-run, by dotted path (``algo.lr``, ...)."""
+    out = live_fields(RunConfig)
+    out.update(live_fields(type(cfg.algo), "algo"))
+    return out
+
+
+def resolve_key(cfg: RunConfig, key: str) -> str:
+    """``"lr"`` -> ``"algo.lr"``; full dotted paths pass through."""
+    key = ALIASES.get(key, key.replace("__", "."))
+    if "." in key:
+        return key
+    top = {f.name for f in dataclasses.fields(RunConfig)}
+    if key in top:
+        return key
+    algo_fields = (
+        {f.name for f in dataclasses.fields(type(cfg.algo))} if dataclasses.is_dataclass(cfg.algo) else set()
+    )
+    if key in algo_fields:
+        return f"algo.{key}"
+    return key

@@ -1,0 +1,274 @@
+"""Channels: the only way data crosses worker groups.
+
+A :class:`Channel` is a named, bounded, keyed FIFO backed by one async Ray actor
+(:class:`ChannelActor`, zero CPUs). Producers ``put(key, item)``; consumers
+``get(key)`` or ``get_batch(keys)``. A full key blocks its producer (backpressure)
+until the timeout, unless the channel was made with ``drop_oldest=True`` (for UI
+streams: the newest frame wins). Metrics: depth per key, bytes, put/get waits.
+
+Payloads: numpy arrays travel through Ray's object store. Items larger than
+``inline_bytes`` are ``ray.put`` by the producer and only their reference passes
+through the channel actor, so the bytes move once, producer → consumer, exactly as
+a raw ``ray.put``/``ray.get`` would. Torch tensors are sent as numpy (pickled torch
+tensors are ~10× slower through the object store) and rebuilt on ``get``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+INLINE_BYTES = 100 * 1024
+
+
+class ChannelTimeout(TimeoutError):
+    """A put on a full key or a get on an empty key waited past its timeout."""
+
+
+# ----------------------------------------------------------------------------- payload wire format
+
+
+class _TorchLeaf:
+    """Marks a tensor that was converted to numpy for the trip."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __reduce__(self):
+        return (_TorchLeaf, (self.array,))
+
+
+def to_wire(obj: Any) -> tuple[Any, int]:
+    """Torch tensors -> numpy (marked); returns ``(payload, nbytes)``."""
+    total = 0
+
+    def walk(x: Any) -> Any:
+        nonlocal total
+        if isinstance(x, np.ndarray):
+            total += x.nbytes
+            return x
+        mod = type(x).__module__
+        if mod.startswith("torch") and hasattr(x, "detach"):
+            arr = x.detach().cpu().numpy()
+            total += arr.nbytes
+            return _TorchLeaf(arr)
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            seq = [walk(v) for v in x]
+            return seq if isinstance(x, list) else tuple(seq)
+        if isinstance(x, bytes | bytearray):
+            total += len(x)
+        return x
+
+    return walk(obj), total
+
+
+def from_wire(obj: Any, as_torch: bool = True) -> Any:
+    """Undo :func:`to_wire`: marked leaves become torch tensors again (zero-copy)."""
+    if isinstance(obj, _TorchLeaf):
+        if not as_torch:
+            return obj.array
+        import torch
+
+        arr = obj.array if obj.array.flags.writeable else obj.array.copy()
+        return torch.from_numpy(arr)
+    if isinstance(obj, dict):
+        return {k: from_wire(v, as_torch) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_wire(v, as_torch) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(from_wire(v, as_torch) for v in obj)
+    return obj
+
+
+@dataclass
+class _Envelope:
+    """What the channel actor stores: an inline payload or a reference to one."""
+
+    inline: Any
+    ref: list | None  # [ObjectRef] wrapped in a list so Ray does not resolve it in transit
+    nbytes: int
+    put_time: float
+
+
+# ----------------------------------------------------------------------------- the actor
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class ChannelActor:
+    """Holds the queues. All methods run on one asyncio loop (no locks needed)."""
+
+    def __init__(self, name: str, maxsize: int, drop_oldest: bool):
+        self.name = name
+        self.maxsize = maxsize
+        self.drop_oldest = drop_oldest
+        self.queues: dict[Any, deque[_Envelope]] = defaultdict(deque)
+        self.cond = asyncio.Condition()
+        self.stats = {
+            "puts": 0,
+            "gets": 0,
+            "dropped": 0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+            "put_wait_s": 0.0,
+            "get_wait_s": 0.0,
+        }
+
+    async def put(self, key: Any, env: _Envelope, timeout: float | None) -> bool:
+        t0 = time.perf_counter()
+        async with self.cond:
+            q = self.queues[key]
+            if self.drop_oldest:
+                while len(q) >= self.maxsize:
+                    q.popleft()
+                    self.stats["dropped"] += 1
+            else:
+                try:
+                    await asyncio.wait_for(self.cond.wait_for(lambda: len(q) < self.maxsize), timeout)
+                except TimeoutError:
+                    return False
+            q.append(env)
+            self.stats["puts"] += 1
+            self.stats["bytes_in"] += env.nbytes
+            self.stats["put_wait_s"] += time.perf_counter() - t0
+            self.cond.notify_all()
+        return True
+
+    async def get_batch(self, keys: list, timeout: float | None) -> list[_Envelope] | None:
+        """One item from each key, all or nothing."""
+        t0 = time.perf_counter()
+        async with self.cond:
+            try:
+                await asyncio.wait_for(self.cond.wait_for(lambda: all(self.queues[k] for k in keys)), timeout)
+            except TimeoutError:
+                return None
+            out = [self.queues[k].popleft() for k in keys]
+            self.stats["gets"] += len(out)
+            self.stats["bytes_out"] += sum(e.nbytes for e in out)
+            self.stats["get_wait_s"] += time.perf_counter() - t0
+            self.cond.notify_all()
+        return out
+
+    async def latest(self, key: Any) -> _Envelope | None:
+        """The newest item of ``key`` without removing it (for UI readers)."""
+        q = self.queues.get(key)
+        return q[-1] if q else None
+
+    async def clear(self) -> int:
+        async with self.cond:
+            n = sum(len(q) for q in self.queues.values())
+            self.queues.clear()
+            self.cond.notify_all()
+        return n
+
+    async def metrics(self) -> dict[str, Any]:
+        depths = {str(k): len(q) for k, q in self.queues.items()}
+        return {"name": self.name, "depth": sum(depths.values()), "depth_by_key": depths, **self.stats}
+
+
+# ----------------------------------------------------------------------------- the client
+
+
+class Channel:
+    """A handle to a channel; picklable, so it can be passed to any worker."""
+
+    def __init__(self, name: str, actor: Any, inline_bytes: int = INLINE_BYTES):
+        self.name = name
+        self._actor = actor
+        self.inline_bytes = inline_bytes
+        self._inflight: list[ray.ObjectRef] = []
+
+    @classmethod
+    def create(cls, name: str, maxsize: int = 8, drop_oldest: bool = False, **options: Any) -> Channel:
+        """Create a channel actor (owned by the caller: it dies with its creator)."""
+        if maxsize < 1:
+            raise ValueError(f"channel {name!r}: maxsize must be >= 1, got {maxsize}")
+        actor = ChannelActor.options(**options).remote(name, maxsize, drop_oldest)
+        return cls(name, actor)
+
+    def _envelope(self, item: Any) -> _Envelope:
+        payload, nbytes = to_wire(item)
+        if nbytes > self.inline_bytes:
+            return _Envelope(None, [ray.put(payload)], nbytes, time.time())
+        return _Envelope(payload, None, nbytes, time.time())
+
+    @staticmethod
+    def _open(env: _Envelope, as_torch: bool) -> Any:
+        payload = ray.get(env.ref[0]) if env.ref is not None else env.inline
+        return from_wire(payload, as_torch)
+
+    def put(self, key: Any, item: Any, timeout: float | None = 60.0, block: bool = True) -> None:
+        """Append ``item`` under ``key``; blocks while the key is full (unless drop_oldest).
+
+        With ``block=False`` the put is pipelined: it returns at once and the outcome of
+        earlier non-blocking puts is checked on the next call (a put that timed out on a
+        full key raises then). Actor calls from one caller run in order, so pipelined
+        puts keep their FIFO order and a later ``get`` by the same caller sees them.
+        """
+        ref = self._actor.put.remote(key, self._envelope(item), timeout)
+        if block:
+            self._check_inflight(wait=True)
+            if not ray.get(ref):
+                raise ChannelTimeout(f"channel {self.name!r}: key {key!r} stayed full for {timeout} s")
+            return
+        self._inflight.append(ref)
+        self._check_inflight(wait=False)
+
+    def _check_inflight(self, wait: bool) -> None:
+        if not self._inflight:
+            return
+        if wait:
+            done, self._inflight = self._inflight, []
+        else:
+            done, self._inflight = ray.wait(self._inflight, num_returns=len(self._inflight), timeout=0)
+        for ok in ray.get(done):
+            if not ok:
+                raise ChannelTimeout(
+                    f"channel {self.name!r}: a pipelined put found its key full past its timeout"
+                )
+
+    def flush(self) -> None:
+        """Wait for every pipelined put to be accepted."""
+        self._check_inflight(wait=True)
+
+    def put_async(self, key: Any, item: Any, timeout: float | None = 60.0) -> ray.ObjectRef:
+        """Like :meth:`put` but returns the call's future (``True`` when accepted)."""
+        return self._actor.put.remote(key, self._envelope(item), timeout)
+
+    def get(self, key: Any, timeout: float | None = 60.0, as_torch: bool = True) -> Any:
+        return self.get_batch([key], timeout, as_torch)[0]
+
+    def get_batch(self, keys: list, timeout: float | None = 60.0, as_torch: bool = True) -> list[Any]:
+        """One item from each of ``keys`` (waits until all have one)."""
+        envs = ray.get(self._actor.get_batch.remote(list(keys), timeout))
+        if envs is None:
+            raise ChannelTimeout(f"channel {self.name!r}: nothing arrived on {keys!r} within {timeout} s")
+        return [self._open(e, as_torch) for e in envs]
+
+    def latest(self, key: Any, as_torch: bool = False) -> Any | None:
+        env = ray.get(self._actor.latest.remote(key))
+        return None if env is None else self._open(env, as_torch)
+
+    def clear(self) -> int:
+        return ray.get(self._actor.clear.remote())
+
+    def metrics(self) -> dict[str, Any]:
+        return ray.get(self._actor.metrics.remote())
+
+    def metrics_async(self) -> ray.ObjectRef:
+        return self._actor.metrics.remote()
+
+    def kill(self) -> None:
+        ray.kill(self._actor)
+
+    def __reduce__(self):
+        return (Channel, (self.name, self._actor, self.inline_bytes))

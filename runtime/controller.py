@@ -1,0 +1,678 @@
+"""The RunController: one detached named actor per run, owning the loop.
+
+Training runs in a thread of the actor; the control API (``pause``, ``step``,
+``set_hparams``, ``metrics_since``, ...) runs on the actor's event loop, so control
+calls stay fast while a stage is busy. The loop is the algorithm's list of named
+stages; before each stage the *gate* applies pending hyperparameter changes and
+honours pause / step / stop. Everything that matters is written to the run
+directory, from which a crashed controller is rebuilt (``resume=True``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import threading
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import ray
+
+from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm
+from rlinf_nb.config import ConfigError, build, to_dict
+from rlinf_nb.run_config import RunConfig, live_params, resolve_key
+
+from .channel import Channel
+from .rundir import RunDir, dedupe_steps
+from .worker import GroupPlacement, WorkerGroup, check_placement
+from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
+
+ACTOR_PREFIX = "run:"
+RECOVERABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+def actor_name(run_name: str) -> str:
+    return f"{ACTOR_PREFIX}{run_name}"
+
+
+def summarize_batch(batch: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Key, shape, dtype and simple statistics of every array in a batch."""
+    rows = []
+    for key, arr in batch.items():
+        arr = np.asarray(arr)
+        row: dict[str, Any] = {"key": key, "shape": tuple(arr.shape), "dtype": str(arr.dtype)}
+        if arr.size and np.issubdtype(arr.dtype, np.number) or arr.dtype == bool:
+            a = arr.astype(np.float64)
+            row.update(mean=float(a.mean()), std=float(a.std()), min=float(a.min()), max=float(a.max()))
+        rows.append(row)
+    return rows
+
+
+class StageContext:
+    """What a stage function sees (see :mod:`rlinf_nb.algorithms.stages`)."""
+
+    def __init__(self, controller: RunControllerImpl):
+        self._c = controller
+        self.batch: dict[str, Any] = {}
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self._c.cfg
+
+    @property
+    def hp(self) -> Any:
+        return self._c.cfg.algo
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self._c.env_steps / max(1, self._c.cfg.budget.total_env_steps))
+
+    def collect_rollout(self, steps: int) -> dict[str, Any]:
+        return self._c.collect_rollout(steps)
+
+    def learner_update(self, keys: list[str]) -> dict[str, Any]:
+        return self._c.learner_update(keys)
+
+    def sync_weights(self) -> dict[str, Any]:
+        return self._c.sync_weights()
+
+
+class RunControllerImpl:
+    """The loop and its state; wrapped as a Ray actor by :data:`RunController`."""
+
+    def __init__(self, name: str, config: dict[str, Any], resume: bool = False):
+        self.name = name
+        self.run_dir = RunDir(name)
+        self.cfg: RunConfig = build(RunConfig, config)
+        self.algo: Algorithm = get_algorithm(self.cfg.algorithm)
+        self.stages: list[Stage] = list(self.algo.stages)
+        self.ctx = StageContext(self)
+        self.overrides: dict[str, Any] = {}
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.mode = "run"  # run | pause | step
+        self.state = "starting"  # starting | running | paused | finished | stopped | failed
+        self.error: str | None = None
+        self.stop_requested = False
+        self.step_target: str | None = None  # step mode: run until this stage (or "__next__") completes
+        self.step_allowed = False
+        self.stages_done = 0
+        self.last_stage_summary: dict[str, Any] = {}
+        self.current_stage: str | None = None
+        self.pending_hparams: dict[str, Any] = {}
+        self.update_step = 0
+        self.env_steps = 0
+        self.episodes = 0
+        self.returns_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
+        self.lengths_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
+        self.success_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
+        self.stage_times: dict[str, float] = {}
+        self.metrics_rows: list[dict[str, Any]] = []
+        self.event_rows: list[dict[str, Any]] = []
+        self.started_at = time.time()
+        self.iter_started = time.perf_counter()
+        self.resume = resume
+        self.groups: dict[str, WorkerGroup] = {}
+        self.channels: dict[str, Channel] = {}
+        self.placement_info: list[dict[str, Any]] = []
+        self.resumed_from: int | None = None
+        self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
+
+    # ------------------------------------------------------------------ logs
+
+    def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        row = {
+            "time": time.time(),
+            "step": self.update_step,
+            "env_steps": self.env_steps,
+            "kind": kind,
+            **data,
+        }
+        with self.lock:
+            self.event_rows.append(row)
+        self.run_dir.events.append(row)
+        return row
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        if self.resume and self.run_dir.exists:
+            self.metrics_rows = dedupe_steps(self.run_dir.metrics.read())
+            self.event_rows = self.run_dir.events.read()
+        elif not self.run_dir.exists:
+            self.run_dir.create(to_dict(cfg))
+        p = cfg.placement
+        placements = {
+            "env": GroupPlacement(
+                p.env.num_workers, p.env.num_cpus, p.env.num_gpus, p.env.node_group, p.env.resources
+            ),
+            "rollout": GroupPlacement(
+                p.rollout.num_workers,
+                p.rollout.num_cpus,
+                p.rollout.num_gpus,
+                p.rollout.node_group,
+                p.rollout.resources,
+            ),  # fmt: skip
+            "actor": GroupPlacement(
+                p.actor.num_workers, p.actor.num_cpus, p.actor.num_gpus, p.actor.node_group, p.actor.resources
+            ),  # fmt: skip
+        }
+        check_placement(placements)
+        n_env = p.env.num_workers
+        self.channels = {
+            "obs": Channel.create(f"{self.name}/obs", maxsize=2),
+            "actions": Channel.create(f"{self.name}/actions", maxsize=2),
+            "trajectories": Channel.create(f"{self.name}/trajectories", maxsize=2),
+            "frames": Channel.create(f"{self.name}/frames", maxsize=1, drop_oldest=True),
+        }
+        env_dict = to_dict(cfg.env)
+        self.groups["env"] = WorkerGroup(
+            "env", EnvWorker, placements["env"], (env_dict, cfg.seed), max_restarts=3
+        )
+        obs_space, action_space = self.groups["env"].call_one(0, "spaces").get(timeout=300)[0]
+        policy_dict = to_dict(cfg.policy)
+        self.groups["rollout"] = WorkerGroup("rollout", RolloutWorker, placements["rollout"],
+                                             (policy_dict, obs_space, action_space, cfg.seed), max_restarts=3)  # fmt: skip
+        self.groups["actor"] = WorkerGroup("actor", LearnerWorker, placements["actor"],
+                                           (cfg.algorithm, cfg.algo, policy_dict, obs_space, action_space, cfg.seed))  # fmt: skip
+        self.env_ranks_of = [[r for r in range(n_env) if r % p.rollout.num_workers == j]
+                             for j in range(p.rollout.num_workers)]  # fmt: skip
+        for g in self.groups.values():
+            self.placement_info += g.health(timeout=300)
+        if self.resume:
+            self._restore()
+        self.sync_weights()
+
+    def _restore(self) -> None:
+        info = self.run_dir.latest_checkpoint()
+        if info is None:
+            self.event("resume", checkpoint=None, note="no complete checkpoint: starting fresh")
+            self.metrics_rows = []
+            return
+        state = self.run_dir.load_checkpoint(info)
+        self.groups["actor"].call("load_state_dict", state["learner"]).get(timeout=120)
+        self.update_step = state["update_step"]
+        self.env_steps = state["env_steps"]
+        self.episodes = state["episodes"]
+        self.returns_window.extend(state["returns_window"])
+        self.lengths_window.extend(state["lengths_window"])
+        self.success_window.extend(state.get("success_window", []))
+        if state.get("config"):
+            self.cfg = build(RunConfig, state["config"])
+        np.random.set_state(state["numpy_rng"])
+        dropped = sum(1 for r in self.metrics_rows if r["step"] > self.update_step)
+        self.metrics_rows = [r for r in self.metrics_rows if r["step"] <= self.update_step]
+        self.resumed_from = info.step
+        self.event("resume", checkpoint=info.path.name, from_step=info.step, discarded_rows=dropped)
+
+    # ------------------------------------------------------------------ stage context services
+
+    def collect_rollout(self, steps: int) -> dict[str, Any]:
+        for attempt in range(4):
+            try:
+                return self._collect_rollout_once(steps)
+            except RECOVERABLE as exc:
+                if attempt == 3:
+                    raise
+                self._recover_env_failure(exc)
+        raise AssertionError("unreachable")
+
+    def _collect_rollout_once(self, steps: int) -> dict[str, Any]:
+        ch = self.channels
+        env_fut = self.groups["env"].call(
+            "rollout", steps, ch["obs"], ch["actions"], ch["trajectories"], ch["frames"]
+        )
+        roll_fut = self.groups["rollout"].call(
+            "serve", rank_args=[(steps, ranks, ch["obs"], ch["actions"]) for ranks in self.env_ranks_of]
+        )
+        # Watch both groups: when any worker dies or raises, tell the others to abort.
+        pending = env_fut.refs + roll_fut.refs
+        failure: BaseException | None = None
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=600)
+            if not done:
+                failure = TimeoutError("rollout: no worker finished within 600 s")
+                self._abort_rollout()
+                break
+            try:
+                report = ray.get(done[0])
+                if not report["ok"] and failure is None:
+                    failure = RuntimeError(f"rollout worker failed:\n{report['error']}")
+                    self._abort_rollout()
+            except RECOVERABLE as exc:
+                if failure is None or not isinstance(failure, RECOVERABLE):
+                    failure = exc
+                self._abort_rollout()
+        if failure is not None:
+            raise failure
+        env_fut.get()
+        roll_fut.get()
+        n_env = len(self.groups["env"])
+        trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=60, as_torch=False)
+        batch = {
+            k: np.concatenate([t["batch"][k] for t in trajs], axis=1)
+            for k in trajs[0]["batch"]
+            if k != "last_values"
+        }
+        batch["last_values"] = np.concatenate([t["batch"]["last_values"] for t in trajs])
+        self.ctx.batch = batch
+        new_steps = sum(t["env_steps"] for t in trajs)
+        returns = [r for t in trajs for r in t["episode_returns"]]
+        with self.lock:
+            self.env_steps += new_steps
+            self.episodes += len(returns)
+            self.returns_window.extend(returns)
+            self.lengths_window.extend(x for t in trajs for x in t["episode_lengths"])
+            self.success_window.extend(x for t in trajs for x in t["successes"])
+        return {"env_steps": new_steps, "episodes": len(returns),
+                "episode_return_mean": float(np.mean(returns)) if returns else None}  # fmt: skip
+
+    def _abort_rollout(self) -> None:
+        n_env = len(self.groups["env"])
+        for key in range(n_env):
+            for name in ("obs", "actions"):
+                try:
+                    self.channels[name].put_async(key, {ABORT: True}, timeout=5)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+
+    def _recover_env_failure(self, exc: BaseException) -> None:
+        group = self.groups["env"]
+        deadline = time.time() + 120
+        health = group.health(timeout=2)
+        while not all(h["alive"] for h in health) and time.time() < deadline:
+            time.sleep(1.0)
+            health = group.health(timeout=2)
+        if not all(h["alive"] for h in health):
+            raise RuntimeError(f"env workers did not come back after a failure: {health}") from exc
+        for ch in self.channels.values():
+            ch.clear()
+        group.call("reset").get(timeout=120)
+        self.event("recovery", group="env", action="restarted", detail=f"{type(exc).__name__}: {str(exc)[:300]}",
+                   note="the env worker was restarted by Ray; the rollout was repeated")  # fmt: skip
+
+    def learner_update(self, keys: list[str]) -> dict[str, Any]:
+        batch = {k: self.ctx.batch[k] for k in keys + ["versions"] if k in self.ctx.batch}
+        out = self.groups["actor"].call("update", batch, self.cfg.algo, self.ctx.progress).get()[0]
+        with self.lock:
+            self.update_step += 1
+        return out
+
+    def sync_weights(self) -> dict[str, Any]:
+        weights_ref = self.groups["actor"].actors[0]._invoke.remote("get_weights", (), {})
+        report = ray.get(weights_ref)
+        if not report["ok"]:
+            raise RuntimeError(f"learner get_weights failed:\n{report['error']}")
+        weights, version = report["result"]
+        ref = ray.put(weights)
+        self.groups["rollout"].call("set_weights", ref, version).get(timeout=120)
+        return {
+            "weights_version": version,
+            "weights_bytes": int(sum(np.asarray(v).nbytes for v in weights.values())),
+        }
+
+    # ------------------------------------------------------------------ the loop
+
+    def _gate(self, stage: str) -> bool:
+        """Block before ``stage`` as the mode demands; False when the run must stop."""
+        with self.cond:
+            while True:
+                self._apply_pending_hparams()
+                if self.stop_requested:
+                    return False
+                if self.mode == "run":
+                    self.state = "running"
+                    break
+                if self.mode == "step" and self.step_allowed:
+                    self.state = "stepping"
+                    if self.step_target == "__next__":
+                        self.step_allowed = False
+                    break
+                self.state = "paused"
+                self.current_stage = stage
+                self.cond.wait(0.5)
+            self.current_stage = stage
+        return True
+
+    def _apply_pending_hparams(self) -> None:
+        if not self.pending_hparams:
+            return
+        changes, self.pending_hparams = self.pending_hparams, {}
+        old = {k: _get_path(self.cfg, k) for k in changes}
+        merged = to_dict(self.cfg)
+        for key, value in changes.items():
+            _set_path(merged, key, value)
+        self.cfg = build(RunConfig, merged)
+        self.event("hparams", changes={k: {"old": old[k], "new": v} for k, v in changes.items()})
+
+    def _run_stage(self, stage: Stage) -> dict[str, Any]:
+        fn = self.overrides.get(stage.name, (stage.fn,))[0]
+        t0 = time.perf_counter()
+        summary = fn(self.ctx) or {}
+        self.stage_times[stage.name] = time.perf_counter() - t0
+        return summary
+
+    def _main(self) -> None:
+        try:
+            self.setup()
+            self.event("start", resumed_from=self.resumed_from, algorithm=self.cfg.algorithm)
+            while not self._budget_done():
+                self.iter_started = time.perf_counter()
+                iter_steps = self.env_steps
+                update_metrics: dict[str, Any] = {}
+                for stage in self.stages:
+                    if not self._gate(stage.name):
+                        break
+                    summary = self._run_stage(stage)
+                    if stage.name == "update":
+                        update_metrics = summary
+                    with self.cond:
+                        self.last_stage_summary = {"stage": stage.name, **summary}
+                        self.stages_done += 1
+                        if self.mode == "step" and self.step_target == stage.name:
+                            self.step_allowed = False
+                        self.cond.notify_all()
+                else:
+                    self._end_iteration(update_metrics, self.env_steps - iter_steps)
+                    continue
+                break  # stop requested inside the iteration
+            self.save_checkpoint(reason="end")
+            with self.cond:
+                self.state = "stopped" if self.stop_requested else "finished"
+                self.current_stage = None
+                self.cond.notify_all()
+            self.event(self.state)
+        except Exception:  # noqa: BLE001 - recorded, and visible in status()
+            with self.cond:
+                self.state = "failed"
+                self.error = traceback.format_exc()
+                self.cond.notify_all()
+            self.event("failed", error=self.error[-4000:])
+        finally:
+            self._release_workers()
+
+    def _budget_done(self) -> bool:
+        b = self.cfg.budget
+        if self.env_steps >= b.total_env_steps:
+            return True
+        if b.stop_metric and self.metrics_rows:
+            value = self.metrics_rows[-1].get(b.stop_metric)
+            if value is not None and value >= b.stop_value:
+                return True
+        return False
+
+    def _end_iteration(self, update_metrics: dict[str, Any], new_steps: int) -> None:
+        elapsed = time.perf_counter() - self.iter_started
+        row: dict[str, Any] = {
+            "step": self.update_step,
+            "env_steps": self.env_steps,
+            "wall_time": time.time(),
+            "episode_return_mean": float(np.mean(self.returns_window)) if self.returns_window else None,
+            "episode_length_mean": float(np.mean(self.lengths_window)) if self.lengths_window else None,
+            "success_rate": float(np.mean(self.success_window)) if self.success_window else None,
+            "episodes": self.episodes,
+            "steps_per_s": new_steps / elapsed if elapsed > 0 else None,
+        }
+        for key, value in update_metrics.items():
+            row[key] = value
+        for name, secs in self.stage_times.items():
+            row[f"time/{name}"] = secs
+        for key in live_params(self.cfg):
+            row[f"hp/{key}"] = _get_path(self.cfg, key)
+        with self.lock:
+            self.metrics_rows.append(row)
+        self.run_dir.metrics.append(row)
+        every = self.cfg.checkpoint.every
+        if every and self.update_step % every == 0:
+            self.save_checkpoint(reason="periodic")
+
+    def save_checkpoint(self, reason: str = "manual") -> str | None:
+        if "actor" not in self.groups:
+            return None
+        learner_state = self.groups["actor"].call("state_dict").get(timeout=300)[0]
+        state = {
+            "learner": learner_state,
+            "update_step": self.update_step,
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "returns_window": list(self.returns_window),
+            "lengths_window": list(self.lengths_window),
+            "success_window": list(self.success_window),
+            "config": to_dict(self.cfg),
+            "numpy_rng": np.random.get_state(),
+        }
+        path = self.run_dir.save_checkpoint(
+            self.update_step, self.env_steps, state, keep=self.cfg.checkpoint.keep
+        )
+        self.event("checkpoint", path=path.name, reason=reason)
+        return path.name
+
+    def _release_workers(self) -> None:
+        for group in self.groups.values():
+            group.kill()
+        for ch in self.channels.values():
+            try:
+                ch.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    # ------------------------------------------------------------------ control API (called from the event loop)
+
+    def set_mode(self, mode: str, kind: str) -> dict[str, Any]:
+        with self.cond:
+            self.mode = mode
+            if mode == "run":
+                self.step_allowed = False
+            self.cond.notify_all()
+        self.event(kind)
+        return self.status()
+
+    def request_step(self, stage: str | None) -> int:
+        names = [s.name for s in self.stages]
+        if stage is not None and stage not in names:
+            raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(names)}")
+        with self.cond:
+            if self.state in ("finished", "stopped", "failed"):
+                raise RuntimeError(f"run {self.name!r} is {self.state}; it cannot step")
+            self.mode = "step"
+            self.step_target = stage or "__next__"
+            self.step_allowed = True
+            start = self.stages_done
+            self.cond.notify_all()
+        return start
+
+    def wait_step_done(self, start: int, stage: str | None, timeout: float) -> dict[str, Any]:
+        deadline = time.time() + timeout
+        with self.cond:
+            while True:
+                if self.state in ("failed", "stopped", "finished"):
+                    break
+                if self.stages_done > start and not self.step_allowed:
+                    break
+                if time.time() > deadline:
+                    raise TimeoutError(f"step did not finish within {timeout} s (state {self.state})")
+                self.cond.wait(0.2)
+            return dict(self.last_stage_summary)
+
+    def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:
+        live = live_params(self.cfg)
+        resolved = {}
+        for key, value in changes.items():
+            path = resolve_key(self.cfg, key)
+            if path not in live:
+                allowed = ", ".join(sorted(live))
+                raise ConfigError(path, value, f"not a live hyperparameter; live ones: {allowed}")
+            resolved[path] = value
+        merged = to_dict(self.cfg)
+        for path, value in resolved.items():
+            _set_path(merged, path, value)
+        build(RunConfig, merged)  # validate now: the caller gets the error, not the loop
+        with self.cond:
+            self.pending_hparams.update(resolved)
+            self.cond.notify_all()
+        return resolved
+
+    def set_override(self, stage: str, fn: Any, source: str | None) -> None:
+        names = [s.name for s in self.stages]
+        if stage not in names:
+            raise ValueError(f"unknown stage {stage!r}; stages that can be overridden: {', '.join(names)}")
+        if not callable(fn):
+            raise TypeError(f"override for {stage!r} must be callable, got {type(fn).__name__}")
+        with self.lock:
+            self.overrides[stage] = (fn, source)
+        self.event("override", stage=stage, fn=getattr(fn, "__name__", repr(fn)), source=source)
+
+    def revert(self, stage: str) -> bool:
+        with self.lock:
+            removed = self.overrides.pop(stage, None) is not None
+        if removed:
+            self.event("revert", stage=stage)
+        return removed
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            last = self.metrics_rows[-1] if self.metrics_rows else {}
+            return {
+                "name": self.name,
+                "state": self.state,
+                "mode": self.mode,
+                "stage": self.current_stage,
+                "stages": [s.name for s in self.stages],
+                "update_step": self.update_step,
+                "env_steps": self.env_steps,
+                "episodes": self.episodes,
+                "steps_per_s": last.get("steps_per_s"),
+                "episode_return_mean": last.get("episode_return_mean"),
+                "stage_times": dict(self.stage_times),
+                "overrides": {k: v[1] or getattr(v[0], "__name__", "") for k, v in self.overrides.items()},
+                "error": self.error,
+                "started_at": self.started_at,
+                "budget": to_dict(self.cfg.budget),
+            }
+
+
+def _get_path(cfg: Any, path: str) -> Any:
+    obj = cfg
+    for part in path.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def _set_path(d: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        d = d[part]
+    d[parts[-1]] = value
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
+class RunController:
+    """The Ray actor: async control methods around :class:`RunControllerImpl`."""
+
+    def __init__(self, name: str, config: dict[str, Any], resume: bool = False):
+        self.impl = RunControllerImpl(name, config, resume)
+        self.impl.thread.start()
+
+    async def ping(self) -> str:
+        return self.impl.name
+
+    async def status(self) -> dict[str, Any]:
+        return self.impl.status()
+
+    async def health(self) -> dict[str, Any]:
+        groups = self.impl.groups
+        loop = asyncio.get_running_loop()
+        out = {}
+        for name, group in groups.items():
+            out[name] = await loop.run_in_executor(None, group.health, 2.0)
+        chans = {}
+        for name, ch in self.impl.channels.items():
+            try:
+                chans[name] = await ch.metrics_async()
+            except Exception as exc:  # noqa: BLE001
+                chans[name] = {"error": type(exc).__name__}
+        return {"groups": out, "channels": chans}
+
+    async def pause(self) -> dict[str, Any]:
+        return self.impl.set_mode("pause", "pause")
+
+    async def resume(self) -> dict[str, Any]:
+        return self.impl.set_mode("run", "resume")
+
+    async def stop(self) -> dict[str, Any]:
+        with self.impl.cond:
+            self.impl.stop_requested = True
+            self.impl.cond.notify_all()
+        self.impl.event("stop_requested")
+        return self.impl.status()
+
+    async def step(self, stage: str | None = None, timeout: float = 600.0) -> dict[str, Any]:
+        start = self.impl.request_step(stage)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.impl.wait_step_done, start, stage, timeout)
+
+    async def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.impl.set_hparams(changes)
+
+    async def override(self, stage: str, fn: Any, source: str | None = None) -> None:
+        self.impl.set_override(stage, fn, source)
+
+    async def revert(self, stage: str) -> bool:
+        return self.impl.revert(stage)
+
+    async def checkpoint_now(self) -> str | None:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.impl.save_checkpoint, "manual")
+
+    async def metrics_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
+        rows = self.impl.metrics_rows
+        return rows[cursor:], len(rows)
+
+    async def events_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
+        rows = self.impl.event_rows
+        return rows[cursor:], len(rows)
+
+    async def batch_summary(self) -> list[dict[str, Any]]:
+        return summarize_batch(self.impl.ctx.batch)
+
+    async def batch_arrays(self, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        batch = self.impl.ctx.batch
+        return {k: np.asarray(v) for k, v in batch.items() if keys is None or k in keys}
+
+    async def config(self) -> dict[str, Any]:
+        return to_dict(self.impl.cfg)
+
+    async def live_params(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for path, field in live_params(self.impl.cfg).items():
+            out[path] = {"value": _get_path(self.impl.cfg, path), "doc": field.metadata.get("doc", ""),
+                         "range": field.metadata.get("range"), "choices": field.metadata.get("choices")}  # fmt: skip
+        return out
+
+    async def latest_frames(self) -> dict[int, Any]:
+        ch = self.impl.channels.get("frames")
+        if ch is None:
+            return {}
+        out = {}
+        for rank in range(len(self.impl.groups.get("env", []) or [])):
+            env = await ch._actor.latest.remote(rank)
+            if env is not None:
+                out[rank] = Channel._open(env, as_torch=False)
+        return out
+
+    async def placement(self) -> list[dict[str, Any]]:
+        return self.impl.placement_info
+
+
+def source_of(fn: Any) -> str | None:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+
+
+__all__ = ["RunController", "RunControllerImpl", "actor_name", "source_of", "summarize_batch"]

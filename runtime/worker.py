@@ -1,0 +1,203 @@
+"""Workers and worker groups on Ray actors.
+
+A worker class is a plain Python class defined at module level inside the package
+(so every Ray worker can import it) that subclasses :class:`Worker`. A
+:class:`WorkerGroup` starts ``count`` of them as Ray actors, placed by node-group
+label and resources, and calls a method on all of them at once: the call returns
+a :class:`GroupFuture`, and a failure carries the worker's rank and traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from .cluster_spec import NODE_GROUP_RESOURCE
+
+LABEL_SHARE = 0.001  # how much of a node-group label resource one worker asks for
+
+
+class WorkerError(RuntimeError):
+    """A worker's method raised: names the group, the rank and carries its traceback."""
+
+    def __init__(self, group: str, rank: int, method: str, detail: str):
+        self.group, self.rank, self.method, self.detail = group, rank, method, detail
+        super().__init__(f"{group}[{rank}].{method} failed:\n{detail}")
+
+
+class PlacementError(RuntimeError):
+    """A worker group cannot be placed on this cluster; the message names what is missing."""
+
+
+class Worker:
+    """Base class of every worker actor."""
+
+    def __init__(self, rank: int, world_size: int, group: str):
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+
+    def _invoke(self, method: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """Run ``method`` and report its result, timing, or traceback (never raises)."""
+        t0 = time.perf_counter()
+        try:
+            # Arguments travel inside a tuple, so Ray leaves ObjectRefs unresolved: resolve them here.
+            args = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
+            kwargs = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()}
+            result = getattr(self, method)(*args, **kwargs)
+            return {"ok": True, "result": result, "elapsed": time.perf_counter() - t0}
+        except Exception:  # noqa: BLE001 - shipped to the caller with its traceback
+            return {"ok": False, "error": traceback.format_exc(), "elapsed": time.perf_counter() - t0}
+
+    def ping(self) -> dict[str, Any]:
+        return {"rank": self.rank, "group": self.group, "pid": os.getpid(), "host": socket.gethostname(),
+                "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip
+
+
+@dataclass
+class GroupPlacement:
+    """Where and how big each worker of a group is."""
+
+    count: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    node_group: str | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def actor_resources(self) -> dict[str, float]:
+        res = dict(self.resources)
+        if self.node_group:
+            res[NODE_GROUP_RESOURCE.format(label=self.node_group)] = LABEL_SHARE
+        return res
+
+
+def check_placement(groups: dict[str, GroupPlacement]) -> None:
+    """Fail fast, naming the group and resource, when the cluster cannot host ``groups``.
+
+    Checks per-node feasibility (a worker must fit on one node that carries its label)
+    and totals over all groups; Ray itself would leave such actors pending forever.
+    """
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    try:  # what other runs left free, per node
+        from ray._private.state import available_resources_per_node
+
+        free = available_resources_per_node()
+        remaining = [dict(free.get(n["NodeID"], n.get("Resources", {}))) for n in nodes]
+    except Exception:  # noqa: BLE001 - an internal API: fall back to totals
+        remaining = [dict(n.get("Resources", {})) for n in nodes]
+    for name, placement in groups.items():
+        need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.actor_resources()}
+        need = {k: v for k, v in need.items() if v > 0}
+        for i in range(placement.count):
+            fit = next(
+                (r for r in remaining if all(r.get(k, 0.0) + 1e-9 >= v for k, v in need.items())), None
+            )
+            if fit is None:
+                totals: dict[str, float] = {}
+                for res in (n.get("Resources", {}) for n in nodes):
+                    for k, v in res.items():
+                        totals[k] = totals.get(k, 0.0) + v
+                missing = [k for k, v in need.items() if totals.get(k, 0.0) < v]
+                short = [k for k, v in need.items() if all(r.get(k, 0.0) + 1e-9 < v for r in remaining)]
+                what = (missing or short or list(need))[0]
+                have = totals.get(what, 0.0)
+                why = "no node provides it" if what in missing else "other runs or groups hold the rest"
+                raise PlacementError(
+                    f"worker group {name!r}: worker {i + 1} of {placement.count} needs {need}, but no node has "
+                    f"enough {what!r} left ({why}; cluster total {have:g}). Lower the group's num_workers or "
+                    f"num_cpus, stop another run, or start a cluster whose YAML provides {what!r} "
+                    f"(rlinf-nb cluster up --config ...)."
+                )
+            for k, v in need.items():
+                fit[k] = fit.get(k, 0.0) - v
+
+
+class GroupFuture:
+    """Results of one call on every worker of a group."""
+
+    def __init__(self, group: WorkerGroup, method: str, refs: list[ray.ObjectRef]):
+        self.group, self.method, self.refs = group, method, refs
+
+    def get(self, timeout: float | None = None) -> list[Any]:
+        """Each rank's result, in rank order; raises :class:`WorkerError` for the first failure."""
+        reports = ray.get(self.refs, timeout=timeout)
+        results = []
+        for rank, rep in enumerate(reports):
+            if not rep["ok"]:
+                raise WorkerError(self.group.name, rank, self.method, rep["error"])
+            results.append(rep["result"])
+        self.group.last_timings[self.method] = [rep["elapsed"] for rep in reports]
+        return results
+
+    def ready(self) -> bool:
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(done) == len(self.refs)
+
+
+class WorkerGroup:
+    """``count`` actors of one worker class, called together."""
+
+    def __init__(
+        self,
+        name: str,
+        worker_cls: type[Worker],
+        placement: GroupPlacement,
+        init_args: tuple = (),
+        init_kwargs: dict | None = None,
+        max_restarts: int = 0,
+    ):
+        self.name = name
+        self.placement = placement
+        self.last_timings: dict[str, list[float]] = {}
+        remote_cls = ray.remote(worker_cls)
+        self.actors = [
+            remote_cls.options(
+                num_cpus=placement.num_cpus,
+                num_gpus=placement.num_gpus,
+                resources=placement.actor_resources() or None,
+                max_restarts=max_restarts,
+                max_task_retries=0,
+            ).remote(rank, placement.count, name, *init_args, **(init_kwargs or {}))
+            for rank in range(placement.count)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def call(
+        self, method: str, *args: Any, rank_args: list[tuple] | None = None, **kwargs: Any
+    ) -> GroupFuture:
+        """Call ``method(*args, **kwargs)`` on every worker (``rank_args[r]`` prepended per rank)."""
+        refs = []
+        for rank, actor in enumerate(self.actors):
+            extra = tuple(rank_args[rank]) if rank_args is not None else ()
+            refs.append(actor._invoke.remote(method, extra + args, kwargs))
+        return GroupFuture(self, method, refs)
+
+    def call_one(self, rank: int, method: str, *args: Any, **kwargs: Any) -> GroupFuture:
+        fut = GroupFuture(self, method, [self.actors[rank]._invoke.remote(method, args, kwargs)])
+        return fut
+
+    def health(self, timeout: float = 2.0) -> list[dict[str, Any]]:
+        """Ping every worker: ``{"rank", "alive", "pid"?, "error"?}``."""
+        refs = [a.ping.remote() for a in self.actors]
+        out = []
+        for rank, ref in enumerate(refs):
+            try:
+                out.append({"alive": True, **ray.get(ref, timeout=timeout)})
+            except Exception as exc:  # noqa: BLE001 - health is a report, not a failure
+                out.append({"rank": rank, "alive": False, "error": type(exc).__name__})
+        return out
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass

@@ -1,0 +1,213 @@
+"""The worker classes of a run: env workers, rollout (inference) workers, the learner.
+
+Data between them moves only through channels (see :mod:`.channel`):
+
+* ``obs`` (key = env rank): an env worker's observation, plus the true final
+  observations of episodes cut by a time limit at the previous step;
+* ``actions`` (key = env rank): the rollout worker's actions, log-probs, values,
+  bootstrap values and the weight version that produced them;
+* ``trajectories`` (key = env rank): one rollout's [T, N] arrays and episode stats.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .channel import Channel
+from .worker import Worker
+
+ABORT = "abort"
+
+
+def _set_torch_threads() -> None:
+    import torch
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+
+
+class EnvWorker(Worker):
+    """Steps ``num_envs`` envs of one spec; never runs the policy itself."""
+
+    def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int):
+        super().__init__(rank, world_size, group)
+        from rlinf_nb.envs import make_env
+
+        self.env_cfg = env_cfg
+        self.seed = seed + 10_007 * rank
+        kwargs = dict(env_cfg.get("kwargs") or {})
+        if env_cfg.get("render_every"):
+            kwargs.setdefault("render_mode", "rgb_array")
+        self.env = make_env(env_cfg["id"], env_cfg["num_envs"], seed=self.seed, **kwargs)
+        self.obs = self.env.reset(seed=self.seed)
+        self.frames: Channel | None = None
+        self.steps = 0
+
+    def spaces(self) -> tuple[Any, Any]:
+        return self.env.observation_space, self.env.action_space
+
+    def reset(self) -> None:
+        self.obs = self.env.reset()
+
+    def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
+                frames_ch: Channel | None = None) -> dict[str, Any]:  # fmt: skip
+        """Run ``num_steps`` steps; ask for actions through the channels; publish the trajectory."""
+        T, N = num_steps, self.env.num_envs
+        render_every = int(self.env_cfg.get("render_every") or 0)
+        buf: dict[str, Any] = {}
+        rewards = np.zeros((T, N), np.float32)
+        dones = np.zeros((T, N), bool)
+        truncated = np.zeros((T, N), bool)
+        bootstrap = np.zeros((T, N), np.float32)
+        ep_returns: list[float] = []
+        ep_lengths: list[int] = []
+        successes: list[float] = []
+        final_obs, final_mask = None, None
+        last_values = None
+        for t in range(T + 1):
+            obs_ch.put(self.rank, {"obs": self.obs, "final_obs": final_obs, "final_mask": final_mask,
+                                   "value_only": t == T}, block=False)  # fmt: skip
+            reply = act_ch.get(self.rank, as_torch=False)
+            if reply.get(ABORT):
+                return {"aborted": True}
+            if t > 0 and final_mask is not None:
+                bootstrap[t - 1] = np.where(final_mask, reply["bootstrap_values"], 0.0)
+            if t == T:
+                last_values = reply["values"]
+                break
+            for key, value in (("obs", self.obs), ("actions", reply["actions"]), ("logprobs", reply["logprobs"]),
+                               ("values", reply["values"]), ("versions", reply["version"])):  # fmt: skip
+                arr = np.asarray(value)
+                if key not in buf:
+                    buf[key] = np.zeros((T, N, *arr.shape[1:]) if arr.ndim else (T, N), arr.dtype)
+                buf[key][t] = arr
+            res = self.env.step(reply["actions"])
+            self.steps += N
+            rewards[t] = res.reward
+            dones[t] = res.terminated | res.truncated
+            truncated[t] = res.truncated & ~res.terminated
+            final_mask = truncated[t] if truncated[t].any() else None
+            final_obs = res.final_obs if final_mask is not None else None
+            ep_returns += res.episode_returns
+            ep_lengths += res.episode_lengths
+            successes += res.successes
+            self.obs = res.obs
+            if frames_ch is not None and render_every and self.steps % render_every < N:
+                frame = self.env.render()
+                if frame is not None:
+                    frames_ch.put(self.rank, {"frame": frame, "env_steps": self.steps}, timeout=1.0)
+        buf.update(rewards=rewards, dones=dones, truncated=truncated, bootstrap_values=bootstrap,
+                   last_values=np.asarray(last_values, np.float32))  # fmt: skip
+        obs_ch.flush()
+        traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
+                                "successes": successes, "env_steps": T * N})  # fmt: skip
+        return {"env_steps": T * N, "episodes": len(ep_returns)}
+
+
+class RolloutWorker(Worker):
+    """Policy inference for a set of env workers, with versioned weights."""
+
+    def __init__(self, rank: int, world_size: int, group: str, policy_cfg: dict[str, Any],
+                 obs_space: Any, action_space: Any, seed: int):  # fmt: skip
+        super().__init__(rank, world_size, group)
+        import torch
+
+        from rlinf_nb.policies import make_policy
+
+        _set_torch_threads()
+        torch.manual_seed(seed + 7919 * (rank + 1))
+        self.policy = make_policy(
+            policy_cfg["name"], obs_space, action_space, **(policy_cfg.get("kwargs") or {})
+        )
+        self.policy.eval()
+        self.version = -1
+
+    def set_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
+        import torch
+
+        self.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
+        self.version = version
+        return version
+
+    def serve(self, num_steps: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel) -> dict[str, Any]:
+        """Answer ``num_steps + 1`` observation rounds from ``env_ranks`` (the last is values only)."""
+        import torch
+
+        for _ in range(num_steps + 1):
+            msgs = obs_ch.get_batch(env_ranks, as_torch=False)
+            if any(m.get(ABORT) for m in msgs):
+                return {"aborted": True}
+            sizes = [len(m["obs"]) for m in msgs]
+            obs = torch.as_tensor(np.concatenate([m["obs"] for m in msgs]))
+            with torch.no_grad():
+                if msgs[0]["value_only"]:
+                    actions = logprobs = None
+                    values = self.policy.value(obs)
+                else:
+                    actions, logprobs, values = self.policy.act(obs)
+                boot = [None] * len(msgs)
+                for i, m in enumerate(msgs):
+                    if m["final_obs"] is not None:
+                        boot[i] = self.policy.value(torch.as_tensor(m["final_obs"])).numpy()
+            offsets = np.cumsum([0, *sizes])
+            for i, rank in enumerate(env_ranks):
+                sl = slice(offsets[i], offsets[i + 1])
+                reply = {
+                    "values": values[sl].numpy(),
+                    "bootstrap_values": boot[i],
+                    "version": np.full(sizes[i], self.version),
+                }
+                if actions is not None:
+                    reply["actions"] = actions[sl].numpy()
+                    reply["logprobs"] = logprobs[sl].numpy()
+                act_ch.put(rank, reply, block=False)
+        act_ch.flush()
+        return {"version": self.version}
+
+
+class LearnerWorker(Worker):
+    """The algorithm's learner: owns the trainable policy and its optimizer."""
+
+    def __init__(self, rank: int, world_size: int, group: str, algorithm: str, algo_cfg: Any,
+                 policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, seed: int):  # fmt: skip
+        super().__init__(rank, world_size, group)
+        import torch
+
+        from rlinf_nb.algorithms.registry import get_algorithm
+        from rlinf_nb.policies import make_policy
+
+        _set_torch_threads()
+        torch.manual_seed(seed)
+        self.algo = get_algorithm(algorithm)
+        self.policy = make_policy(
+            policy_cfg["name"], obs_space, action_space, **(policy_cfg.get("kwargs") or {})
+        )
+        self.learner = self.algo.make_learner(self.policy, algo_cfg, seed=seed)
+        self.version = 0
+
+    def update(self, batch: dict[str, np.ndarray], algo_cfg: Any, progress: float) -> dict[str, Any]:
+        out = self.learner.update(batch, algo_cfg, progress)
+        self.version += 1
+        versions = batch.get("versions")
+        if versions is not None:
+            out["policy_staleness"] = float(self.version - 1 - np.mean(versions))
+        out["policy_version"] = self.version
+        return out
+
+    def get_weights(self) -> tuple[dict[str, np.ndarray], int]:
+        return {k: v.detach().cpu().numpy() for k, v in self.policy.state_dict().items()}, self.version
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.state_dict(),
+            "learner": self.learner.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> int:
+        self.policy.load_state_dict(state["policy"])
+        self.learner.load_state_dict(state["learner"])
+        self.version = int(state["version"])
+        return self.version
