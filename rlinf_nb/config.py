@@ -33,6 +33,9 @@ class ConfigError(ValueError):
         where = f" (line {line})" if line is not None else ""
         super().__init__(f"{key_path or '<root>'}{where}: got {value!r}; {allowed}")
 
+    def __reduce__(self):  # survive pickling across Ray processes with all four fields
+        return (ConfigError, (self.key_path, self.value, self.allowed, self.line))
+
 
 def param(
     default: Any = dataclasses.MISSING,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
+import os
 import threading
 import time
 import traceback
@@ -364,7 +365,7 @@ class RunControllerImpl:
                 self.iter_started = time.perf_counter()
                 iter_steps = self.env_steps
                 update_metrics: dict[str, Any] = {}
-                for stage in self.stages:
+                for i, stage in enumerate(self.stages):
                     if not self._gate(stage.name):
                         break
                     summary = self._run_stage(stage)
@@ -373,6 +374,7 @@ class RunControllerImpl:
                     with self.cond:
                         self.last_stage_summary = {"stage": stage.name, **summary}
                         self.stages_done += 1
+                        self.current_stage = self.stages[(i + 1) % len(self.stages)].name
                         if self.mode == "step" and self.step_target == stage.name:
                             self.step_allowed = False
                         self.cond.notify_all()
@@ -538,6 +540,7 @@ class RunControllerImpl:
             last = self.metrics_rows[-1] if self.metrics_rows else {}
             return {
                 "name": self.name,
+                "pid": os.getpid(),
                 "state": self.state,
                 "mode": self.mode,
                 "stage": self.current_stage,

@@ -30,6 +30,9 @@ class WorkerError(RuntimeError):
         self.group, self.rank, self.method, self.detail = group, rank, method, detail
         super().__init__(f"{group}[{rank}].{method} failed:\n{detail}")
 
+    def __reduce__(self):
+        return (WorkerError, (self.group, self.rank, self.method, self.detail))
+
 
 class PlacementError(RuntimeError):
     """A worker group cannot be placed on this cluster; the message names what is missing."""

@@ -526,3 +526,15 @@ def test_registry_errors_and_config_validation():
         "mlp", CARTPOLE_OBS, gym.spaces.Discrete(2), hidden_sizes=sizes, critic_hidden_sizes=(5,)
     )
     assert policy.critic_body[0].out_features == 5 and policy.actor_body[2].out_features == sizes[1]
+
+
+def test_sampling_frequencies():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    dist = Categorical(probs.log().expand(20000, 3) + 5.0)  # unnormalised logits are fine
+    counts = torch.bincount(dist.sample(), minlength=3).float() / 20000
+    torch.testing.assert_close(counts, probs, atol=0.015, rtol=0)
+    torch.testing.assert_close(dist.probs[0], probs)
+    gauss = DiagGaussian(torch.full((20000, 1), 2.0), torch.tensor([math.log(0.5)]))
+    x = gauss.sample()
+    assert x.mean().item() == pytest.approx(2.0, abs=0.02) and x.std().item() == pytest.approx(0.5, abs=0.02)

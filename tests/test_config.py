@@ -1,0 +1,61 @@
+"""Config errors name the key path, the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlinf_nb import recipes
+from rlinf_nb.client import resolve_config
+from rlinf_nb.config import ConfigError
+from rlinf_nb.run_config import live_params
+
+
+def test_recipes_are_listed_and_valid():
+    assert "ppo_cartpole" in recipes.names()
+    for name in recipes.names():
+        resolve_config(name)
+
+
+def test_unknown_key_names_path_and_suggests():
+    with pytest.raises(ConfigError) as exc:
+        resolve_config("ppo_cartpole", algo__lrr=0.1)
+    msg = str(exc.value)
+    assert exc.value.key_path == "algo.lrr"
+    assert "did you mean lr" in msg and "allowed keys" in msg
+
+
+def test_out_of_range_value_names_the_range():
+    with pytest.raises(ConfigError) as exc:
+        resolve_config("ppo_cartpole", algo__gamma=1.5)
+    assert exc.value.key_path == "algo.gamma" and exc.value.value == 1.5
+    assert "[0.0, 1.0]" in str(exc.value)
+
+
+def test_bad_choice_lists_the_choices():
+    with pytest.raises(ConfigError, match="'constant', 'linear'") as exc:
+        resolve_config("ppo_cartpole", algo__lr_schedule="cosine")
+    assert exc.value.key_path == "algo.lr_schedule"
+
+
+def test_wrong_type_and_unknown_algorithm_and_recipe():
+    with pytest.raises(ConfigError, match="expected an integer") as exc:
+        resolve_config("ppo_cartpole", num_envs="many")
+    assert exc.value.key_path == "env.num_envs"
+    with pytest.raises(ConfigError, match="allowed values: .*ppo") as exc:
+        resolve_config("ppo_cartpole", algorithm="nope")
+    assert exc.value.key_path == "algorithm"
+    with pytest.raises(ConfigError, match="ppo_cartpole"):
+        resolve_config("no_such_recipe")
+
+
+def test_overrides_never_mutate_the_recipe_and_aliases_work():
+    cfg = resolve_config("ppo_cartpole", num_envs=4, env_workers=2, **{"algo.lr": 3e-4})
+    assert cfg.env.num_envs == 4 and cfg.placement.env.num_workers == 2 and cfg.algo.lr == 3e-4
+    assert recipes.load("ppo_cartpole")["env"]["num_envs"] == 8
+
+
+def test_live_params_are_declared_with_ranges():
+    live = live_params(resolve_config("ppo_cartpole"))
+    assert {"algo.lr", "algo.ent_coef", "algo.clip_eps"} <= set(live)
+    assert "algo.rollout_steps" not in live
+    assert live["algo.lr"].metadata["range"] == (1e-7, 1.0)

@@ -1,0 +1,228 @@
+"""Runs on the real local cluster: learning, persistence, fault recovery, step mode, live tuning."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+import rlinf_nb as rl
+from rlinf_nb.algorithms import functional as F
+from rlinf_nb.config import ConfigError
+from tests.helpers import run_py
+
+pytestmark = pytest.mark.usefixtures("attached")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:6]}"
+
+
+def wait_for_step(run, step: int, timeout: float = 300) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = run.status()
+        if st["update_step"] >= step:
+            return st
+        if st["state"] in ("failed", "finished", "stopped"):
+            raise AssertionError(f"run ended early: {st['state']}\n{st['error']}")
+        time.sleep(0.3)
+    raise AssertionError(f"step {step} not reached in {timeout} s: {run.status()}")
+
+
+def step_until(run, stage: str) -> None:
+    """Step single stages until ``stage`` is the next one to run."""
+    for _ in range(8):
+        if run.status()["stage"] == stage:
+            return
+        run.step()
+    raise AssertionError(f"never reached stage {stage!r}")
+
+
+def assert_consecutive_steps(df) -> None:
+    steps = df["step"].tolist()
+    assert steps == list(range(1, len(steps) + 1)), steps
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ppo_cartpole_solves(seed):
+    run = rl.launch("ppo_cartpole", name=unique(f"solve{seed}"), seed=seed)
+    status = run.wait(timeout=900, progress=False)
+    assert status["state"] == "finished", status["error"]
+    df = run.metrics()
+    assert df["episode_return_mean"].iloc[-1] >= 475, df.tail()
+    assert df["env_steps"].iloc[-1] <= 200_000  # within the recipe's default budget
+    assert_consecutive_steps(df)
+    assert {"step", "env_steps", "wall_time", "episode_return_mean"} <= set(df.columns)
+    assert df["env_steps"].is_monotonic_increasing and df["wall_time"].is_monotonic_increasing
+
+
+def test_run_survives_its_launching_client():
+    name = unique("orphan")
+    code = textwrap.dedent(
+        f"""
+        import os, rlinf_nb as rl
+        rl.attach(start=False, quiet=True)
+        run = rl.launch("ppo_cartpole", name={name!r}, budget__total_env_steps=10**7, budget__stop_metric=None,
+                        budget__stop_value=None)
+        print("LAUNCHED", flush=True)
+        os._exit(0)  # the kernel dies abruptly
+        """
+    )
+    proc = run_py(code, timeout=300)
+    assert "LAUNCHED" in proc.stdout, proc.stderr
+    run = rl.get_run(name)
+    first = run.status()["update_step"]
+    wait_for_step(run, first + 3)
+    df = run.metrics()
+    assert_consecutive_steps(df)
+    assert len(run.run_dir.metrics.read()) >= first + 3  # the log on disk has the history too
+    run.stop()
+    assert run.status()["state"] == "stopped"
+
+
+def test_killed_env_worker_is_restarted_and_recorded():
+    run = rl.launch("ppo_cartpole", name=unique("envkill"), budget__total_env_steps=10**7,
+                    budget__stop_metric=None, budget__stop_value=None)  # fmt: skip
+    wait_for_step(run, 2)
+    pid = next(h["pid"] for h in run.health()["groups"]["env"] if h["alive"])
+    os.kill(pid, signal.SIGKILL)
+    before = run.status()["update_step"]
+    wait_for_step(run, before + 3, timeout=300)
+    events = run.events()
+    recovery = events[events["kind"] == "recovery"]
+    assert len(recovery) >= 1 and recovery.iloc[0]["group"] == "env"
+    assert "restarted" in recovery.iloc[0]["action"]
+    assert_consecutive_steps(run.metrics())
+    run.stop()
+
+
+def test_killed_controller_resumes_from_last_complete_checkpoint():
+    name = unique("ctlkill")
+    run = rl.launch("ppo_cartpole", name=name, budget__total_env_steps=10**7, budget__stop_metric=None,
+                    budget__stop_value=None, checkpoint__every=2)  # fmt: skip
+    wait_for_step(run, 5)
+    os.kill(run.status()["pid"], signal.SIGKILL)
+    time.sleep(2)
+    ckpt = run.run_dir.latest_checkpoint()
+    assert ckpt is not None and ckpt.step >= 4
+    resumed = rl.launch(None, name=name, resume=True)
+    st = wait_for_step(resumed, ckpt.step + 2)
+    assert st["update_step"] >= ckpt.step + 2
+    events = resumed.events()
+    resume_rows = events[events["kind"] == "resume"]
+    assert len(resume_rows) == 1 and int(resume_rows.iloc[0]["from_step"]) == ckpt.step
+    df = resumed.metrics()
+    assert_consecutive_steps(df)  # rows re-run after the checkpoint replace the lost ones: no gap, no dupes
+    resumed.stop()
+
+
+def test_step_mode_inspect_override_and_revert():
+    run = rl.launch("ppo_cartpole", name=unique("step"), budget__total_env_steps=10**7,
+                    budget__stop_metric=None, budget__stop_value=None)  # fmt: skip
+    run.pause()
+    deadline = time.time() + 120
+    while run.status()["state"] != "paused" and time.time() < deadline:
+        time.sleep(0.2)
+    assert run.status()["state"] == "paused"
+
+    # Step one PPO iteration, stage by stage.
+    stages = run.status()["stages"]
+    assert stages == ["rollout", "advantages", "update", "sync_weights"]
+    summaries = {}
+    step_until(run, "rollout")
+    paused_at = run.status()["update_step"]
+    for stage in stages:
+        summaries[stage] = run.step()
+        assert summaries[stage]["stage"] == stage
+    assert run.status()["update_step"] == paused_at + 1
+    assert summaries["sync_weights"]["weights_version"] == paused_at + 1
+
+    # Inspect the batch after rollout + advantages, and check GAE against a local recompute.
+    run.step("rollout")
+    run.step("advantages")
+    view = run.batch()
+    assert {"obs", "actions", "rewards", "advantages", "returns"} <= set(view.keys())
+    b = view.to_local()
+    T, N = b["rewards"].shape
+    assert b["obs"].shape == (T, N, 4)
+    hp = run.hparams
+    adv, _ = F.gae(*(torch.as_tensor(b[k]) for k in ("rewards", "values", "dones", "truncated", "last_values",
+                                                     "bootstrap_values")),
+                   gamma=hp["algo.gamma"]["value"], lam=hp["algo.gae_lambda"]["value"])  # fmt: skip
+    np.testing.assert_allclose(b["advantages"], adv.numpy(), rtol=1e-5, atol=1e-5)
+
+    # Replace the advantage stage with a function defined here (shipped with cloudpickle).
+    def constant_advantages(ctx):
+        ctx.batch["advantages"] = np.full_like(ctx.batch["rewards"], 0.5)
+        ctx.batch["returns"] = ctx.batch["values"] + 0.5
+        return {"custom": True}
+
+    run.override("advantages", constant_advantages)
+    step_until(run, "advantages")
+    summary = run.step("advantages")
+    assert summary.get("custom") is True
+    assert np.all(run.batch().to_local(["advantages"])["advantages"] == 0.5)
+    assert "advantages" in run.status()["overrides"]
+    assert run.revert("advantages")
+    step_until(run, "advantages")
+    summary = run.step("advantages")
+    assert "custom" not in summary
+    assert not np.all(run.batch().to_local(["advantages"])["advantages"] == 0.5)
+    kinds = run.events()["kind"].tolist()
+    assert "override" in kinds and "revert" in kinds and "pause" in kinds
+    run.resume()
+    wait_for_step(run, run.status()["update_step"] + 1)
+    run.stop()
+
+
+def test_set_hparams_is_validated_applied_and_logged():
+    run = rl.launch("ppo_cartpole", name=unique("hp"), budget__total_env_steps=10**7,
+                    budget__stop_metric=None, budget__stop_value=None)  # fmt: skip
+    wait_for_step(run, 1)
+    resolved = run.set_hparams(lr=3e-4, ent_coef=0.01)
+    assert resolved == {"algo.lr": 3e-4, "algo.ent_coef": 0.01}
+    with pytest.raises(ConfigError, match="not a live hyperparameter") as exc:
+        run.set_hparams(rollout_steps=64)
+    assert exc.value.key_path == "algo.rollout_steps"
+    with pytest.raises(ConfigError, match="allowed range") as exc:
+        run.set_hparams(lr=5.0)
+    assert exc.value.key_path == "algo.lr" and exc.value.value == 5.0
+    step = run.status()["update_step"]
+    wait_for_step(run, step + 2)
+    events = run.events()
+    hp_events = events[events["kind"] == "hparams"]
+    assert len(hp_events) == 1
+    assert hp_events.iloc[0]["changes"]["algo.lr"] == {"old": 1e-3, "new": 3e-4}
+    df = run.metrics()
+    assert df["hp/algo.lr"].iloc[-1] == 3e-4 and df["hp/algo.lr"].iloc[0] == 1e-3
+    assert run.hparams["algo.ent_coef"]["value"] == 0.01
+    run.stop()
+
+
+def test_bad_override_key_fails_before_launch():
+    with pytest.raises(ConfigError) as exc:
+        rl.launch("ppo_cartpole", name=unique("bad"), algo__clip=0.1)
+    assert exc.value.key_path == "algo.clip" and "clip_eps" in str(exc.value)
+
+
+def test_unsatisfiable_placement_fails_fast_naming_group_and_resource():
+    t0 = time.time()
+    with pytest.raises(RuntimeError) as exc:
+        rl.launch("ppo_cartpole", name=unique("noplace"), placement__env__resources={"robot:nope": 1})
+    msg = str(exc.value)
+    assert "'env'" in msg and "robot:nope" in msg and "no node provides it" in msg
+    assert time.time() - t0 < 60
+
+
+def test_list_and_get_runs():
+    names = [r["name"] for r in rl.list_runs()]
+    assert names, "earlier tests launched runs"
+    with pytest.raises(ValueError, match="no run named"):
+        rl.get_run("does_not_exist")
