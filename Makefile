@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 STAMP := .venv/.setup-stamp
 
-.PHONY: setup lab test test-slow test-browser bench lint cluster-up cluster-down clean-venv
+.PHONY: setup lab test test-slow bench lint cluster-up cluster-down
 
 # Reinstall only when the lock or the setup scripts change (idempotent; reuses uv's cache).
 $(STAMP): uv.lock pyproject.toml scripts/setup.sh scripts/setup_system.sh scripts/selfcheck.py

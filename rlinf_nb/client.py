@@ -42,7 +42,10 @@ def resolve_config(config_or_recipe: str | Mapping[str, Any] | RunConfig, **over
             f"launch() takes a recipe name, a dict or a RunConfig, not {type(config_or_recipe).__name__}"
         )
     expanded = {ALIASES.get(k, k): v for k, v in overrides.items()}
-    merged = deep_merge(base, nest_dotted(expanded))
+    # Start from the defaults as a dict, so a partial section (placement.actor.node_group only) keeps
+    # the section's own defaults (the actor's num_cpus) rather than the generic field defaults.
+    defaults = {k: v for k, v in to_dict(RunConfig()).items() if k != "algo"}
+    merged = deep_merge(deep_merge(defaults, base), nest_dotted(expanded))
     return build(RunConfig, merged)
 
 

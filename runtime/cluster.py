@@ -368,6 +368,9 @@ def _up(spec: ClusterSpec, *, echo, timeout: float) -> tuple[ClusterState, bool]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(auth_env(token))
     env[CLUSTER_ID_ENV] = cluster_id
+    # Ray runs its workers at niceness 15 by default; here the workers *are* the product (training
+    # runs), and at 15 they lose every core to a browser or a notebook cell. Run them at normal priority.
+    env["RAY_worker_niceness"] = "0"
     if loopback_only:
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     cdir = paths.cluster_dir()

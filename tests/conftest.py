@@ -7,6 +7,7 @@ private RLINF_NB_HOME, and stopped the same way at the end of the session.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def cluster(session_home: Path):
         ray.shutdown()
     down = run_cli("cluster", "down", home=session_home, timeout=120)
     assert down.returncode == 0, down.stderr
+    shutil.rmtree(session_home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -59,3 +59,9 @@ def test_live_params_are_declared_with_ranges():
     assert {"algo.lr", "algo.ent_coef", "algo.clip_eps"} <= set(live)
     assert "algo.rollout_steps" not in live
     assert live["algo.lr"].metadata["range"] == (1e-7, 1.0)
+
+
+def test_partial_section_override_keeps_that_sections_defaults():
+    cfg = resolve_config("ppo_cartpole", placement__actor__node_group="train")
+    assert cfg.placement.actor.node_group == "train"
+    assert cfg.placement.actor.num_cpus == 0.5 and cfg.placement.env.num_cpus == 0.25

@@ -1,0 +1,25 @@
+"""Run every benchmark in bench/ in one go (``make bench``); each prints its own table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = ["bench_channel.py", "bench_codec.py", "bench_ppo_cartpole.py"]
+
+
+def main() -> int:
+    failed = []
+    for name in BENCHES:
+        print(f"\n=== {name} ===", flush=True)
+        if subprocess.run([sys.executable, str(HERE / name)]).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
