@@ -443,26 +443,28 @@ def main(argv: list[str] | None = None) -> list[Result]:
     results: list[Result] = []
     if not args.sb3_only:
         print("ours:", json.dumps(dataclasses.asdict(cfg)))
-        for seed in args.seeds:
+    if args.sb3 or args.sb3_only:
+        import stable_baselines3
+
+        print(f"sb3 {stable_baselines3.__version__}: rl-zoo CartPole-v1 hyperparameters")
+    # Interleave ours and SB3 per seed, so both see the same background load on a shared box.
+    for seed in args.seeds:
+        if not args.sb3_only:
             r = train_ppo(cfg, seed, verbose=args.verbose, stop_at_target=not args.no_stop)
+            results.append(r)
             print(
                 f"  ours seed {seed}: reached={r.reached} steps={r.steps} wall_s={r.seconds:.2f} "
                 f"cpu_s={r.cpu_seconds:.2f} steps/s={r.steps_per_s:.0f}",
                 flush=True,
             )
-            results.append(r)
-    if args.sb3 or args.sb3_only:
-        import stable_baselines3
-
-        print(f"sb3 {stable_baselines3.__version__}: rl-zoo CartPole-v1 hyperparameters")
-        for seed in args.seeds:
+        if args.sb3 or args.sb3_only:
             r = train_sb3(seed, cfg.target, cfg.window, total_steps=100_000, stop_at_target=not args.no_stop)
+            results.append(r)
             print(
-                f"  sb3 seed {seed}: reached={r.reached} steps={r.steps} wall_s={r.seconds:.2f} "
+                f"  sb3  seed {seed}: reached={r.reached} steps={r.steps} wall_s={r.seconds:.2f} "
                 f"cpu_s={r.cpu_seconds:.2f} steps/s={r.steps_per_s:.0f}",
                 flush=True,
             )
-            results.append(r)
     _print_results(results)
     if args.json is not None:
         args.json.write_text(

@@ -158,6 +158,22 @@ class ChannelActor:
             self.cond.notify_all()
         return out
 
+    async def get_many(self, key: Any, max_items: int, timeout: float | None) -> list[_Envelope] | None:
+        """Up to ``max_items`` queued items of one key, waiting for at least one."""
+        t0 = time.perf_counter()
+        async with self.cond:
+            q = self.queues[key]
+            try:
+                await asyncio.wait_for(self.cond.wait_for(lambda: len(q) > 0), timeout)
+            except TimeoutError:
+                return None
+            out = [q.popleft() for _ in range(min(max_items, len(q)))]
+            self.stats["gets"] += len(out)
+            self.stats["bytes_out"] += sum(e.nbytes for e in out)
+            self.stats["get_wait_s"] += time.perf_counter() - t0
+            self.cond.notify_all()
+        return out
+
     async def latest(self, key: Any) -> _Envelope | None:
         """The newest item of ``key`` without removing it (for UI readers)."""
         q = self.queues.get(key)
@@ -253,6 +269,20 @@ class Channel:
         if envs is None:
             raise ChannelTimeout(f"channel {self.name!r}: nothing arrived on {keys!r} within {timeout} s")
         return [self._open(e, as_torch) for e in envs]
+
+    def get_many(
+        self, key: Any, max_items: int = 64, timeout: float | None = 60.0, as_torch: bool = True
+    ) -> list[Any]:
+        """Everything queued under ``key`` (at most ``max_items``), waiting for at least one item.
+
+        One round trip for a burst of items: the consumer-side batch get for one stream.
+        """
+        envs = ray.get(self._actor.get_many.remote(key, max_items, timeout))
+        if envs is None:
+            raise ChannelTimeout(f"channel {self.name!r}: nothing arrived on {key!r} within {timeout} s")
+        refs = [e.ref[0] for e in envs if e.ref is not None]
+        fetched = iter(ray.get(refs)) if refs else iter(())
+        return [from_wire(next(fetched) if e.ref is not None else e.inline, as_torch) for e in envs]
 
     def latest(self, key: Any, as_torch: bool = False) -> Any | None:
         env = ray.get(self._actor.latest.remote(key))

@@ -80,3 +80,12 @@ def test_metrics_count_depth_and_bytes(channel):
     assert m["bytes_in"] == 8000 and m["puts"] == 2
     channel.get("m")
     assert channel.metrics()["gets"] == 1
+
+
+def test_get_many_takes_a_burst_in_order(channel):
+    for i in range(3):
+        channel.put("burst", np.full(200_000, i, np.uint8))  # object-store path
+    got = channel.get_many("burst", max_items=10)
+    assert [int(a[0]) for a in got] == [0, 1, 2]
+    with pytest.raises(ChannelTimeout):
+        channel.get_many("burst", timeout=0.2)

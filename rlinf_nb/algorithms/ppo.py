@@ -97,7 +97,8 @@ class PPOLearner:
 
     def __init__(self, policy: torch.nn.Module, cfg: PPOConfig, seed: int = 0):
         self.policy = policy
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+        # fused CPU Adam: the same maths, about half the cost per step for small nets (bench/ppo_reference.py)
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
 
     def current_lr(self, cfg: PPOConfig, progress: float) -> float:
