@@ -123,7 +123,10 @@ class ChannelActor:
             "get_wait_s": 0.0,
         }
 
-    async def put(self, key: Any, env: _Envelope, timeout: float | None) -> bool:
+    async def put(self, key: Any, env: _Envelope, timeout: float | None, _after: Any = None) -> bool:
+        # ``_after`` is the caller's previous pipelined put: Ray resolves it before running this call,
+        # which is what keeps one producer's non-blocking puts in order (async actor calls may
+        # otherwise interleave).
         t0 = time.perf_counter()
         async with self.cond:
             q = self.queues[key]
@@ -227,10 +230,11 @@ class Channel:
 
         With ``block=False`` the put is pipelined: it returns at once and the outcome of
         earlier non-blocking puts is checked on the next call (a put that timed out on a
-        full key raises then). Actor calls from one caller run in order, so pipelined
-        puts keep their FIFO order and a later ``get`` by the same caller sees them.
+        full key raises then). Each pipelined put names the previous one as a dependency,
+        so Ray runs them in order: one producer's items keep their FIFO order.
         """
-        ref = self._actor.put.remote(key, self._envelope(item), timeout)
+        after = self._inflight[-1] if self._inflight else None
+        ref = self._actor.put.remote(key, self._envelope(item), timeout, after)
         if block:
             self._check_inflight(wait=True)
             if not ray.get(ref):

@@ -39,11 +39,15 @@ def test_full_key_blocks_then_times_out(channel):
     assert [channel.get("k") for _ in range(3)] == [1, 2, 3]
 
 
-def test_pipelined_puts_keep_order(channel):
-    for i in range(3):
-        channel.put("p", i, block=False)
-    channel.flush()
-    assert [channel.get("p") for _ in range(3)] == [0, 1, 2]
+def test_pipelined_puts_keep_order(attached):
+    ch = Channel.create("test/pipe", maxsize=64)
+    try:
+        for i in range(50):
+            ch.put("p", i, block=False)
+        ch.flush()
+        assert ch.get_many("p", max_items=64) == list(range(50))
+    finally:
+        ch.kill()
 
 
 def test_drop_oldest_keeps_the_newest(attached):
