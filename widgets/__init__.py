@@ -1,1 +1,44 @@
-"""rlinf-nb."""
+"""Notebook UI for rlinf-nb runs: ``dashboard(run)`` and its parts.
+
+    import rlinf_nb as rl
+    run = rl.launch("ppo_cartpole")
+    dash = rl.dashboard(run)   # curves, controls, hyperparameters, step debugger, frames, cluster
+    dash                       # display it; dash.close() stops its poller
+
+Parts live in their own modules (curves, controls, hparams, debugger, media, cluster_view,
+poller, dashboard). Imports are lazy: an env worker importing :mod:`.sketch` (the
+pygame-free CartPole renderer) does not pull in ipywidgets or plotly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "dashboard": ".dashboard",
+    "Dashboard": ".dashboard",
+    "Curves": ".curves",
+    "Controls": ".controls",
+    "HParamPanel": ".hparams",
+    "StepDebugger": ".debugger",
+    "RolloutTile": ".media",
+    "ClusterView": ".cluster_view",
+    "Poller": ".poller",
+    "Pacer": ".poller",
+    "CARTPOLE_WITH_FRAMES": ".sketch",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
