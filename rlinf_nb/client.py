@@ -22,7 +22,7 @@ from rlinf_nb.runtime import cluster
 from rlinf_nb.runtime.controller import RunController, actor_name, source_of
 from rlinf_nb.runtime.rundir import RunDir, dedupe_steps
 
-FINAL_STATES = ("finished", "stopped", "failed")
+FINAL_STATES = ("finished", "stopped", "failed", "lost")
 
 
 def resolve_config(config_or_recipe: str | Mapping[str, Any] | RunConfig, **overrides: Any) -> RunConfig:
@@ -223,7 +223,33 @@ class Run:
     # ------------------------------------------------------------------ control
 
     def status(self) -> dict[str, Any]:
-        return self._call("status")
+        """The controller's status; once it is gone, the last one it wrote to the run directory.
+
+        A run whose controller vanished without ending (killed, or the cluster went down) reads
+        as state ``"lost"``: ``rl.launch(name=..., resume=True)`` continues it.
+        """
+        return self._live_or_disk("status", self._status_from_disk)
+
+    def _live_or_disk(self, method: str, from_disk: Callable[..., Any], *args: Any) -> Any:
+        """Ask the controller; when it is gone (or goes while asked), read the run directory."""
+        import ray
+
+        if self._actor() is not None:
+            try:
+                return self._call(method, *args)
+            except ray.exceptions.RayActorError:
+                pass  # it went while asked
+        return from_disk(*args)
+
+    def _status_from_disk(self) -> dict[str, Any]:
+        saved = self.run_dir.read_status()
+        if saved is None:
+            raise RuntimeError(f"run {self.name!r} has no live controller and no recorded status")
+        if saved.get("state") not in FINAL_STATES:
+            saved = dict(saved, state="lost", error=saved.get("error") or
+                         "the controller is gone without having ended the run; resume=True continues it")  # fmt: skip
+        saved["live"] = False
+        return saved
 
     def health(self) -> dict[str, Any]:
         return self._call("health")
@@ -235,6 +261,9 @@ class Run:
         return self._call("resume")
 
     def stop(self, wait: bool = True, timeout: float = 300) -> dict[str, Any]:
+        """Stop the run at the next stage boundary (a run that already ended: its status)."""
+        if not self.live:
+            return self.status()
         status = self._call("stop")
         if wait:
             deadline = time.time() + timeout
@@ -272,24 +301,30 @@ class Run:
         return self._call("live_params")
 
     def config(self) -> dict[str, Any]:
-        return self._call("config") if self.live else self.run_dir.read_config()
+        return self._live_or_disk("config", self.run_dir.read_config)
 
     # ------------------------------------------------------------------ history
 
     def metrics_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
-        return self._call("metrics_since", cursor)
+        return self._live_or_disk("metrics_since", self._metrics_from_disk, cursor)
+
+    def _metrics_from_disk(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        rows = dedupe_steps(self.run_dir.metrics.read())
+        return rows[cursor:], len(rows)
 
     def events_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
-        return self._call("events_since", cursor)
+        return self._live_or_disk("events_since", self._events_from_disk, cursor)
+
+    def _events_from_disk(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        rows = self.run_dir.events.read()
+        return rows[cursor:], len(rows)
 
     def metrics(self) -> pd.DataFrame:
         """One row per update: ``step``, ``env_steps``, ``wall_time``, ``episode_return_mean``, losses, ..."""
-        rows = self.metrics_since(0)[0] if self.live else dedupe_steps(self.run_dir.metrics.read())
-        return pd.DataFrame(rows)
+        return pd.DataFrame(self.metrics_since(0)[0])
 
     def events(self) -> pd.DataFrame:
-        rows = self.events_since(0)[0] if self.live else self.run_dir.events.read()
-        return pd.DataFrame(rows)
+        return pd.DataFrame(self.events_since(0)[0])
 
     def wait(self, until: Mapping[str, float] | Callable[[dict], bool] | str = "done", timeout: float | None = None,
              progress: bool = True, poll: float = 0.5) -> dict[str, Any]:  # fmt: skip

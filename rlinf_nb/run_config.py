@@ -99,6 +99,12 @@ class RunConfig:
     budget: BudgetConfig = param(factory=BudgetConfig, doc="when to stop")
     checkpoint: CheckpointConfig = param(factory=CheckpointConfig, doc="checkpointing")
     metrics_window: int = param(20, doc="episodes averaged into episode_return_mean", range=(1, 10_000))
+    linger_s: float = param(
+        300.0,
+        doc="seconds a finished run's controller stays up after the last call to it, then frees its memory "
+        "(its history stays readable from the run directory)",
+        range=(0.0, 7 * 24 * 3600.0),
+    )
 
     def validate(self) -> None:
         from rlinf_nb.algorithms.registry import get_algorithm, registered_algorithms

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import inspect
 import os
 import threading
@@ -120,6 +121,7 @@ class RunControllerImpl:
         self.channels: dict[str, Channel] = {}
         self.placement_info: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
+        self.ended_at: float | None = None
         self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
 
     # ------------------------------------------------------------------ logs
@@ -361,6 +363,7 @@ class RunControllerImpl:
         try:
             self.setup()
             self.event("start", resumed_from=self.resumed_from, algorithm=self.cfg.algorithm)
+            self.run_dir.write_status(self.status())
             while not self._budget_done():
                 self.iter_started = time.perf_counter()
                 iter_steps = self.env_steps
@@ -396,6 +399,15 @@ class RunControllerImpl:
             self.event("failed", error=self.error[-4000:])
         finally:
             self._release_workers()
+            self.ended_at = time.time()
+            self._write_status_quietly()
+
+    def _write_status_quietly(self) -> None:
+        try:
+            if self.run_dir.path.exists():
+                self.run_dir.write_status(self.status())
+        except Exception:  # noqa: BLE001 - the status file is a convenience; the logs are the record
+            traceback.print_exc()
 
     def _budget_done(self) -> bool:
         b = self.cfg.budget
@@ -555,6 +567,7 @@ class RunControllerImpl:
                 "error": self.error,
                 "started_at": self.started_at,
                 "budget": to_dict(self.cfg.budget),
+                "ended_at": self.ended_at,
             }
 
 
@@ -572,20 +585,52 @@ def _set_path(d: dict[str, Any], path: str, value: Any) -> None:
     d[parts[-1]] = value
 
 
+def _touches(method: Any) -> Any:
+    """Mark a control method as a use of the controller (it resets the linger clock)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.last_call = time.time()
+        return await method(self, *args, **kwargs)
+
+    return wrapper
+
+
 @ray.remote(num_cpus=0, max_concurrency=64)
 class RunController:
-    """The Ray actor: async control methods around :class:`RunControllerImpl`."""
+    """The Ray actor: async control methods around :class:`RunControllerImpl`.
+
+    Once the run has ended and nobody has called for ``linger_s`` seconds, the actor exits and
+    frees its memory; the client then reads the run's history and last status from its directory.
+    """
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False):
         self.impl = RunControllerImpl(name, config, resume)
+        self.last_call = time.time()
         self.impl.thread.start()
+        threading.Thread(target=self._linger_watch, name=f"linger-{name}", daemon=True).start()
 
+    def _linger_watch(self) -> None:
+        impl = self.impl
+        while True:
+            time.sleep(1.0)
+            if impl.ended_at is None:
+                continue
+            idle = time.time() - max(self.last_call, impl.ended_at)
+            if idle >= impl.cfg.linger_s:
+                impl._write_status_quietly()
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                return
+
+    @_touches
     async def ping(self) -> str:
         return self.impl.name
 
+    @_touches
     async def status(self) -> dict[str, Any]:
         return self.impl.status()
 
+    @_touches
     async def health(self) -> dict[str, Any]:
         groups = self.impl.groups
         loop = asyncio.get_running_loop()
@@ -600,12 +645,15 @@ class RunController:
                 chans[name] = {"error": type(exc).__name__}
         return {"groups": out, "channels": chans}
 
+    @_touches
     async def pause(self) -> dict[str, Any]:
         return self.impl.set_mode("pause", "pause")
 
+    @_touches
     async def resume(self) -> dict[str, Any]:
         return self.impl.set_mode("run", "resume")
 
+    @_touches
     async def stop(self) -> dict[str, Any]:
         with self.impl.cond:
             self.impl.stop_requested = True
@@ -613,42 +661,53 @@ class RunController:
         self.impl.event("stop_requested")
         return self.impl.status()
 
+    @_touches
     async def step(self, stage: str | None = None, timeout: float = 600.0) -> dict[str, Any]:
         start = self.impl.request_step(stage)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.impl.wait_step_done, start, stage, timeout)
 
+    @_touches
     async def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:
         return self.impl.set_hparams(changes)
 
+    @_touches
     async def override(self, stage: str, fn: Any, source: str | None = None) -> None:
         self.impl.set_override(stage, fn, source)
 
+    @_touches
     async def revert(self, stage: str) -> bool:
         return self.impl.revert(stage)
 
+    @_touches
     async def checkpoint_now(self) -> str | None:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.impl.save_checkpoint, "manual")
 
+    @_touches
     async def metrics_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
         rows = self.impl.metrics_rows
         return rows[cursor:], len(rows)
 
+    @_touches
     async def events_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
         rows = self.impl.event_rows
         return rows[cursor:], len(rows)
 
+    @_touches
     async def batch_summary(self) -> list[dict[str, Any]]:
         return summarize_batch(self.impl.ctx.batch)
 
+    @_touches
     async def batch_arrays(self, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         batch = self.impl.ctx.batch
         return {k: np.asarray(v) for k, v in batch.items() if keys is None or k in keys}
 
+    @_touches
     async def config(self) -> dict[str, Any]:
         return to_dict(self.impl.cfg)
 
+    @_touches
     async def live_params(self) -> dict[str, dict[str, Any]]:
         out = {}
         for path, field in live_params(self.impl.cfg).items():
@@ -656,6 +715,7 @@ class RunController:
                          "range": field.metadata.get("range"), "choices": field.metadata.get("choices")}  # fmt: skip
         return out
 
+    @_touches
     async def latest_frames(self) -> dict[int, Any]:
         ch = self.impl.channels.get("frames")
         if ch is None:
@@ -667,6 +727,7 @@ class RunController:
                 out[rank] = Channel._open(env, as_torch=False)
         return out
 
+    @_touches
     async def placement(self) -> list[dict[str, Any]]:
         return self.impl.placement_info
 

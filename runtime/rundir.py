@@ -127,6 +127,19 @@ class RunDir:
     def read_config(self) -> dict[str, Any]:
         return yaml.safe_load((self.path / "config.yaml").read_text())
 
+    # ------------------------------------------------------------------ last known status
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        """Atomically record the controller's status (read when the controller is gone)."""
+        data = json.dumps(status, default=_json_default, separators=(",", ":")).encode()
+        atomic_write_bytes(self.path / "status.json", data)
+
+    def read_status(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / "status.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, step: int, env_steps: int, state: dict[str, Any], keep: int = 3) -> Path:

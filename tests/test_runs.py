@@ -112,6 +112,8 @@ def test_killed_controller_resumes_from_last_complete_checkpoint():
     time.sleep(2)
     ckpt = run.run_dir.latest_checkpoint()
     assert ckpt is not None and ckpt.step >= 4
+    lost = rl.get_run(name).status()  # the controller is gone: its last written status, marked lost
+    assert lost["state"] == "lost" and lost["live"] is False, lost
     resumed = rl.launch(None, name=name, resume=True)
     st = wait_for_step(resumed, ckpt.step + 2)
     assert st["update_step"] >= ckpt.step + 2
@@ -226,3 +228,24 @@ def test_list_and_get_runs():
     assert names, "earlier tests launched runs"
     with pytest.raises(ValueError, match="no run named"):
         rl.get_run("does_not_exist")
+
+
+def test_finished_controller_frees_itself_after_linger_and_history_stays():
+    name = unique("linger")
+    run = rl.launch("ppo_cartpole", name=name, budget__total_env_steps=512, linger_s=3)
+    assert run.wait(timeout=300, progress=False)["state"] == "finished"
+    live_rows = run.metrics()
+    deadline = time.time() + 60
+    while rl.get_run(name).live and time.time() < deadline:
+        time.sleep(0.5)
+    again = rl.get_run(name)
+    assert not again.live, "the finished run's controller did not exit after linger_s"
+    st = again.status()
+    assert st["state"] == "finished" and st["live"] is False and st["env_steps"] >= 512, st
+    assert again.metrics()["step"].tolist() == live_rows["step"].tolist()
+    assert "finished" in again.events()["kind"].tolist()
+    rows, cursor = again.metrics_since(1)
+    assert cursor == len(live_rows) and len(rows) == len(live_rows) - 1
+    assert again.stop()["state"] == "finished"  # stopping an ended run just reports it
+    with pytest.raises(RuntimeError, match="no live controller"):
+        again.pause()

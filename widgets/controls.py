@@ -16,7 +16,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-FINAL_STATES = ("finished", "stopped", "failed")
+from rlinf_nb.client import FINAL_STATES
+
 _STATE_COLOURS = {
     "running": "#2ca02c",
     "stepping": "#1f77b4",

@@ -91,6 +91,28 @@ def event_text(e: dict[str, Any]) -> str:
     return "<br>".join(lines)
 
 
+class LiveFigure(go.FigureWidget):
+    """A FigureWidget whose comm opens only once its data and layout are in its state.
+
+    plotly's FigureWidget opens its comm (``comm_open`` with the model's state) before it fills
+    ``_widget_data``/``_widget_layout``, then sends them as updates. The page drops updates for a
+    model it is still creating (anywidget loads plotly's 5 MB bundle first), and a view rendered
+    then starts without traces and never gets them: an empty plot for good. Deferring ``open()``
+    to the end of ``__init__`` puts the traces into ``comm_open`` itself.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._defer_open = True
+        super().__init__(*args, **kwargs)
+        self._defer_open = False
+        self.open()
+
+    def open(self) -> None:
+        if getattr(self, "_defer_open", False):
+            return
+        super().open()
+
+
 class RunSeries:
     """The metric rows and events of one run, in arrival order."""
 
@@ -172,7 +194,7 @@ class Curves(widgets.VBox):
         # The figure starts with its traces (empty), so a page that loads plotly late still gets them.
         keys, traces = self._traces()
         self._keys = keys
-        self.fig = go.FigureWidget(
+        self.fig = LiveFigure(
             data=[go.Scatter(**t) for t in traces],
             layout=go.Layout(
                 height=height,
@@ -313,11 +335,12 @@ class Curves(widgets.VBox):
         self._dirty = True
 
     def _resync(self) -> None:
-        """Send the figure's whole state, not only the latest edit.
+        """Send the figure's whole state too, not only the latest edit.
 
-        The page drops plotly's edit messages (add traces, restyle) that arrive while it is still
-        loading plotly's 5 MB bundle (seconds after the widget appears); a view renders from the
-        model's full-state traits, so for a while after a structural change those are kept current.
+        Edits that reach the page while it is still creating the figure's model are dropped, and
+        a page that reloads gets the full-state traits (``_widget_data``), which plotly itself only
+        sets at construction; for a while after the figure (or its traces) changed, and after a
+        page says hello, those traits are kept current.
         """
         self.fig._widget_data = copy.deepcopy(self.fig._data)
         self.fig._widget_layout = copy.deepcopy(self.fig._layout)
@@ -355,4 +378,4 @@ def _y_at(ex: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.interp(ex, xs[order], ys[order])
 
 
-__all__ = ["Curves", "RunSeries", "ema", "event_text"]
+__all__ = ["Curves", "LiveFigure", "RunSeries", "ema", "event_text"]

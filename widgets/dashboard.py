@@ -188,6 +188,8 @@ class Dashboard(widgets.VBox):
         except Exception as exc:  # noqa: BLE001 - the controller is gone or restarting
             self.controls.update(self.last_status, error=f"{type(exc).__name__}: {exc}")
             raise
+        if st.get("state") in FINAL_STATES and (self.last_status or {}).get("state") in FINAL_STATES:
+            self._go_quiet()
         self.last_status = st
         self.controls.update(st)
         self.debugger.update(st)
@@ -195,6 +197,17 @@ class Dashboard(widgets.VBox):
             self._batch_wanted.set()
         self.header.value = self._header_html()
         return False
+
+    def _go_quiet(self) -> None:
+        """The run has ended: pull its last rows, then stop asking its controller (so it can exit)."""
+        if self.poller.tasks.get("status") is not None and self.poller.tasks["status"].period == float("inf"):
+            return
+        self._pull_data()
+        for name in ("data", "status", "batch", "health", "frames"):
+            task = self.poller.tasks.get(name)
+            if task is not None:
+                task.period = float("inf")
+                task.due = float("inf")
 
     def _pull_batch(self) -> bool:
         if not self._batch_wanted.is_set():
@@ -241,8 +254,8 @@ class Dashboard(widgets.VBox):
             )
         bits = [title]
         pacer = getattr(self, "pacer", None)
-        if pacer is not None and pacer.mode() != "live":
-            bits.append(f"<small style='color:#7f7f7f'>page updates {pacer.mode()}</small>")
+        if pacer is not None and pacer.mode() == "throttled":
+            bits.append("<small style='color:#7f7f7f'>the page lags behind: updates throttled</small>")
         if self.errors:
             err = "; ".join(f"{k}: {v}" for k, v in self.errors.items())
             bits.append(f"<small style='color:#d62728'>{html.escape(err[:300])}</small>")

@@ -1,0 +1,271 @@
+"""The quickstart in JupyterLab in headless Chromium: the dashboard lives, and the page drives the run.
+
+A copy of notebooks/00_quickstart.ipynb (so the repo's copy never gets outputs) is opened in a
+JupyterLab served by ``rlinf_nb.lab.serve_lab`` against the session cluster; the test runs all
+cells and checks the page: the curve gains points while the run trains, the rollout tile's
+image changes, no widget fails to render. Then a cell with a long run and its dashboard is
+added, and the page's controls are used: a hyperparameter slider dragged and applied shows up
+as an ``hparams`` event of the run, and Pause stops its env steps. Screenshots go to
+test-output/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+OUT = REPO / "test-output"
+NB = "00_quickstart.ipynb"
+
+# JS run in the page. The active notebook panel:
+_PANEL = "document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)')"
+_KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!k && k.status === 'idle';
+}"""
+_ALL_RAN = """() => {
+  const nb = window.jupyterapp.shell.currentWidget.content;
+  return nb.widgets.every(c => c.model.type !== 'code' || (c.model.executionCount !== null && !c.hasClass('jp-mod-running')))
+    && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle';
+}"""
+# Points in each plotly graph's first trace, and the src of each rollout image.
+_PLOT_POINTS = f"""() => Array.from({_PANEL}.querySelectorAll('.js-plotly-plot'))
+  .map(gd => (gd.data && gd.data.length && gd.data[0].x) ? gd.data[0].x.length : 0)"""
+_IMAGE_SRCS = f"""() => Array.from({_PANEL}.querySelectorAll('.widget-image'))
+  .map(img => img.getAttribute('src') || '')"""
+_ADD_AND_RUN = """async (code) => {
+  const app = window.jupyterapp;
+  const nb = app.shell.currentWidget.content;
+  nb.activeCellIndex = nb.widgets.length - 1;
+  await app.commands.execute('notebook:insert-cell-below');
+  nb.activeCell.model.sharedModel.setSource(code);
+  app.commands.execute('notebook:run-cell');  // not awaited: resolves when the cell is done
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait(cond, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"{what} not seen within {timeout:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def lab(cluster, session_home: Path, tmp_path_factory):
+    """JupyterLab on 127.0.0.1 with a token, root = a temp dir holding a copy of the quickstart."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    pytest.importorskip("playwright.sync_api")
+    root = tmp_path_factory.mktemp("labroot")
+    shutil.copy(REPO / "notebooks" / NB, root / NB)
+    port, token = _free_port(), secrets.token_hex(16)
+    log = root.parent / "lab.log"
+    code = (
+        "from rlinf_nb.lab import serve_lab; import sys; "
+        f"sys.exit(serve_lab(port={port}, open_path={NB!r}, root_dir={str(root)!r}, token={token!r}))"
+    )
+    env = dict(os.environ, RLINF_NB_HOME=str(session_home), RLINF_NB_CI="1")
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, f"the lab exited early:\n{log.read_text()}"
+        try:
+            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    try:
+        _wait(up, 120, "the lab answering")
+        yield base, token, root
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def page(lab, tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    base, token, _root = lab
+    OUT.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium")), executable_path=CHROMIUM, headless=True,
+            viewport={"width": 1400, "height": 1100},
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )  # fmt: skip
+        pg = ctx.new_page()
+        pg.set_default_timeout(60_000)
+        pg.goto(f"{base}/lab/tree/{NB}?reset&token={token}")
+        deadline = time.time() + 180
+        while not pg.evaluate(_KERNEL_IDLE):
+            dialog = pg.locator(".jp-Dialog .jp-mod-accept")
+            if dialog.count():
+                dialog.first.click()  # "Select Kernel": accept the default
+            assert time.time() < deadline, "the notebook's kernel never became idle"
+            time.sleep(0.5)
+        yield pg
+        ctx.close()
+
+
+def _shot(pg, name: str) -> None:
+    pg.screenshot(path=str(OUT / f"browser_{name}.png"), full_page=False)
+
+
+def _scroll_to(pg, selector: str) -> None:
+    loc = pg.locator(f".jp-NotebookPanel:not(.lm-mod-hidden) {selector}").last
+    if loc.count():
+        loc.scroll_into_view_if_needed()
+
+
+def _page_problems(pg) -> list[str]:
+    text = pg.evaluate(f"() => {_PANEL}.innerText")
+    problems = [m for m in ("Error displaying widget", "Traceback (most recent call last)") if m in text]
+    errors = pg.evaluate(
+        f"() => {_PANEL}.querySelectorAll('[data-mime-type=\"application/vnd.jupyter.error\"]').length"
+    )
+    if errors:
+        problems.append(f"{errors} error output(s)")
+    return problems
+
+
+_HEADER = f"""() => Array.from({_PANEL}.querySelectorAll('.widget-html-content'))
+  .slice(0, 3).map(e => e.innerText).join(' | ')"""
+
+
+def _watch(pg, seconds: float, need_points: int, need_images: int) -> tuple[list, list]:
+    """Sample the last plot's point count and the last image's src until both have changed enough."""
+    points, images = [], []
+    pg.header_seen = []
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        p, s = pg.evaluate(_PLOT_POINTS), pg.evaluate(_IMAGE_SRCS)
+        if p:
+            points.append(p[-1])
+        if s and s[-1]:
+            images.append(s[-1])
+        pg.header_seen.append(pg.evaluate(_HEADER))
+        grew = len({x for x in points if x}) >= need_points
+        changed = len(set(images)) >= need_images
+        if grew and changed:
+            break
+        time.sleep(0.5)
+    return points, images
+
+
+def test_quickstart_runs_in_the_browser_and_its_dashboard_lives(page):
+    pg = page
+    # Not awaited: the command's promise resolves only when every cell has run.
+    pg.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    pg.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot", timeout=240_000)
+    _scroll_to(pg, ".js-plotly-plot")
+    points, images = _watch(pg, 240, need_points=3, need_images=3)
+    _shot(pg, "quickstart_live")
+    assert len({x for x in points if x}) >= 3, (
+        f"the curve did not gain points: {points}; header: {pg.header_seen[-3:]}"
+    )
+    assert points == sorted(points), points
+    assert len(set(images)) >= 3, f"the rollout image did not change: {len(set(images))} distinct"
+    _wait(lambda: pg.evaluate(_ALL_RAN), 900, "every cell run")
+    _shot(pg, "quickstart_done")
+    assert not _page_problems(pg), _page_problems(pg)
+
+
+def test_page_controls_reach_the_run(page, attached):
+    import rlinf_nb as rl
+
+    pg = page
+    name = f"browser_{uuid.uuid4().hex[:6]}"
+    code = (
+        "from rlinf_nb.widgets import CARTPOLE_WITH_FRAMES\n"
+        f"run2 = rl.launch('ppo_cartpole', name={name!r}, env__id=CARTPOLE_WITH_FRAMES, env__render_every=64,\n"
+        "                  budget__total_env_steps=10**7, budget__stop_metric=None, budget__stop_value=None)\n"
+        "dash2 = rl.dashboard(run2)\n"
+        "dash2"
+    )
+    pg.evaluate(_ADD_AND_RUN, code)
+    try:
+        _wait(lambda: pg.evaluate(_ALL_RAN), 300, "the new cell run")
+        run = rl.get_run(name)
+        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        _scroll_to(pg, ".js-plotly-plot")
+        # The kernel is idle now: pongs flow and the page is fed at full rate.
+        points, images = _watch(pg, 120, need_points=3, need_images=5)
+        assert len({x for x in points if x}) >= 3, points
+        assert len(set(images)) >= 5, len(set(images))
+        _shot(pg, "dashboard_idle_kernel")
+
+        # Drag the lr slider of the hyperparameter panel, then Apply.
+        slider = panel.locator(".widget-hslider").filter(
+            has=pg.locator("label.widget-label", has_text=re.compile(r"^(● )?lr$"))
+        ).last  # fmt: skip
+        slider.scroll_into_view_if_needed()
+        handle = slider.locator(".noUi-handle").first
+        box = handle.bounding_box()
+        pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        pg.mouse.down()
+        pg.mouse.move(box["x"] - 40, box["y"] + box["height"] / 2, steps=8)
+        pg.mouse.up()
+        readout = float(slider.locator(".widget-readout").inner_text())
+        assert readout < 1e-3, readout
+        panel.locator("button", has_text="Apply").last.click()
+
+        def lr_event():
+            ev = run.events()
+            hp = ev[ev["kind"] == "hparams"] if "kind" in ev else ev.iloc[:0]
+            return [c["algo.lr"]["new"] for c in hp.get("changes", []) if "algo.lr" in c]
+
+        (new_lr,) = _wait(lr_event, 60, "the slider's hparams event")
+        assert new_lr == pytest.approx(readout, rel=0.02)
+        _shot(pg, "slider_applied")
+
+        # Pause from the page: env steps stop growing.
+        panel.locator("button", has_text="Pause").last.click()
+        _wait(lambda: run.status()["state"] == "paused", 120, "the run paused")
+        before = run.status()["env_steps"]
+        time.sleep(3)
+        assert run.status()["env_steps"] == before
+        assert "pause" in run.events()["kind"].tolist()
+        _wait(lambda: "paused" in panel.inner_text(), 30, "'paused' in the page's status line")
+        _shot(pg, "paused")
+        assert not _page_problems(pg), _page_problems(pg)
+    finally:
+        try:
+            rl.get_run(name).stop(timeout=120)
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pass
