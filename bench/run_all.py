@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["bench_channel.py", "bench_codec.py", "bench_ppo_cartpole.py"]
+BENCHES = ["bench_channel.py", "bench_codec.py", "bench_ppo_cartpole.py", "bench_dashboard.py"]
 
 
 def main() -> int:

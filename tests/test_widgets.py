@@ -21,9 +21,9 @@ from rlinf_nb.widgets.curves import Curves, ema, event_text
 from rlinf_nb.widgets.hparams import make_input
 from rlinf_nb.widgets.media import JPEG_MAGIC, PNG_MAGIC, RolloutTile, encode_frame
 from rlinf_nb.widgets.poller import Pacer, Poller, Task, _CellTracker
-from rlinf_nb.widgets.sketch import draw_cartpole
 
 from rlinf_nb.config import ConfigError
+from rlinf_nb.envs.cartpole_sketch import draw_cartpole
 
 # ----------------------------------------------------------------------------- a recording comm
 

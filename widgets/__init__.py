@@ -6,8 +6,8 @@
     dash                       # display it; dash.close() stops its poller
 
 Parts live in their own modules (curves, controls, hparams, debugger, media, cluster_view,
-poller, dashboard). Imports are lazy: an env worker importing :mod:`.sketch` (the
-pygame-free CartPole renderer) does not pull in ipywidgets or plotly.
+poller, dashboard). Imports are lazy, so ``import rlinf_nb.widgets`` is cheap;
+``CARTPOLE_WITH_FRAMES`` (the pygame-free CartPole, an env) lives in :mod:`rlinf_nb.envs.cartpole_sketch`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _EXPORTS = {
     "ClusterView": ".cluster_view",
     "Poller": ".poller",
     "Pacer": ".poller",
-    "CARTPOLE_WITH_FRAMES": ".sketch",
+    "CARTPOLE_WITH_FRAMES": "rlinf_nb.envs.cartpole_sketch",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,7 +6,8 @@ with plain ``CartPole-v1`` fails in the env worker. ``CartPoleSketch-v1`` is the
 
     run = rl.launch("ppo_cartpole", env__id=CARTPOLE_WITH_FRAMES, env__render_every=64)
 
-The env worker imports this module through gymnasium's ``"module:EnvId"`` ids.
+The env worker imports this module through gymnasium's ``"module:EnvId"`` ids
+(``CARTPOLE_WITH_FRAMES`` names it), so nothing has to register it beforehand.
 """
 
 from __future__ import annotations
