@@ -59,6 +59,7 @@ class StageContext:
     def __init__(self, controller: RunControllerImpl):
         self._c = controller
         self.batch: dict[str, Any] = {}
+        self.state: dict[str, Any] = {}  # what stages keep between calls (counters, schedules)
 
     @property
     def cfg(self) -> RunConfig:
@@ -74,6 +75,17 @@ class StageContext:
 
     def collect_rollout(self, steps: int) -> dict[str, Any]:
         return self._c.collect_rollout(steps)
+
+    @property
+    def env_steps(self) -> int:
+        return self._c.env_steps
+
+    @property
+    def update_step(self) -> int:
+        return self._c.update_step
+
+    def collect_async(self, steps: int, block: bool = False) -> dict[str, Any]:
+        return self._c.collect_async(steps, block)
 
     def learner_update(self, keys: list[str]) -> dict[str, Any]:
         return self._c.learner_update(keys)
@@ -122,6 +134,7 @@ class RunControllerImpl:
         self.placement_info: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
         self.ended_at: float | None = None
+        self._segment: tuple[Any, Any] | None = None  # off-policy: the collection segment in flight
         self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
 
     # ------------------------------------------------------------------ logs
@@ -225,13 +238,27 @@ class RunControllerImpl:
         raise AssertionError("unreachable")
 
     def _collect_rollout_once(self, steps: int) -> dict[str, Any]:
+        segment = self._start_segment(steps, transitions=False)
+        return self._finish_segment(segment)
+
+    def _start_segment(self, steps: int, transitions: bool) -> tuple[Any, Any]:
+        """Start ``steps`` env steps on every env worker, served by the rollout workers (non-blocking)."""
         ch = self.channels
         env_fut = self.groups["env"].call(
-            "rollout", steps, ch["obs"], ch["actions"], ch["trajectories"], ch["frames"]
+            "rollout", steps, ch["obs"], ch["actions"], ch["trajectories"], ch["frames"], transitions
         )
         roll_fut = self.groups["rollout"].call(
-            "serve", rank_args=[(steps, ranks, ch["obs"], ch["actions"]) for ranks in self.env_ranks_of]
+            "serve",
+            rank_args=[
+                (steps, ranks, ch["obs"], ch["actions"], not transitions) for ranks in self.env_ranks_of
+            ],
         )
+        return env_fut, roll_fut
+
+    def _finish_segment(self, segment: tuple[Any, Any]) -> dict[str, Any]:
+        """Wait for a segment, read its trajectories into ``ctx.batch`` ([T, N] arrays) and count them."""
+        env_fut, roll_fut = segment
+        ch = self.channels
         # Watch both groups: when any worker dies or raises, tell the others to abort.
         pending = env_fut.refs + roll_fut.refs
         failure: BaseException | None = None
@@ -261,7 +288,8 @@ class RunControllerImpl:
             for k in trajs[0]["batch"]
             if k != "last_values"
         }
-        batch["last_values"] = np.concatenate([t["batch"]["last_values"] for t in trajs])
+        if "last_values" in trajs[0]["batch"]:
+            batch["last_values"] = np.concatenate([t["batch"]["last_values"] for t in trajs])
         self.ctx.batch = batch
         new_steps = sum(t["env_steps"] for t in trajs)
         returns = [r for t in trajs for r in t["episode_returns"]]
@@ -273,6 +301,33 @@ class RunControllerImpl:
             self.success_window.extend(x for t in trajs for x in t["successes"])
         return {"env_steps": new_steps, "episodes": len(returns),
                 "episode_return_mean": float(np.mean(returns)) if returns else None}  # fmt: skip
+
+    def collect_async(self, steps: int, block: bool) -> dict[str, Any]:
+        """Off-policy collection that runs while the learner trains.
+
+        A segment of ``steps`` env steps per env is always in flight. When it has finished (or
+        ``block`` is true and it is waited for), its transitions become ``ctx.batch`` and the next
+        segment starts at once; otherwise ``ctx.batch`` is empty and nothing is counted.
+        """
+        for attempt in range(4):
+            try:
+                if self._segment is None:
+                    self._segment = self._start_segment(steps, transitions=True)
+                if not block and not (self._segment[0].ready() and self._segment[1].ready()):
+                    self.ctx.batch = {}
+                    return {"env_steps": 0}
+                segment, self._segment = self._segment, None
+                summary = self._finish_segment(segment)
+                batch = self.ctx.batch
+                self._segment = self._start_segment(steps, transitions=True)  # collect during the update
+                self.ctx.batch = batch
+                return summary
+            except RECOVERABLE as exc:
+                self._segment = None
+                if attempt == 3:
+                    raise
+                self._recover_env_failure(exc)
+        raise AssertionError("unreachable")
 
     def _abort_rollout(self) -> None:
         n_env = len(self.groups["env"])

@@ -52,8 +52,12 @@ class EnvWorker(Worker):
         self.obs = self.env.reset()
 
     def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
-                frames_ch: Channel | None = None) -> dict[str, Any]:  # fmt: skip
-        """Run ``num_steps`` steps; ask for actions through the channels; publish the trajectory."""
+                frames_ch: Channel | None = None, transitions: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Run ``num_steps`` steps; ask for actions through the channels; publish the trajectory.
+
+        ``transitions=True`` (off-policy) also keeps ``next_obs`` (the true last observation where an
+        episode ended) and ``terminated``, and skips the final values-only round.
+        """
         T, N = num_steps, self.env.num_envs
         render_every = int(self.env_cfg.get("render_every") or 0)
         buf: dict[str, Any] = {}
@@ -66,7 +70,11 @@ class EnvWorker(Worker):
         successes: list[float] = []
         final_obs, final_mask = None, None
         last_values = None
+        terminated = np.zeros((T, N), bool)
+        next_obs = None
         for t in range(T + 1):
+            if t == T and transitions:
+                break
             obs_ch.put(self.rank, {"obs": self.obs, "final_obs": final_obs, "final_mask": final_mask,
                                    "value_only": t == T}, block=False)  # fmt: skip
             reply = act_ch.get(self.rank, as_torch=False)
@@ -88,7 +96,13 @@ class EnvWorker(Worker):
             rewards[t] = res.reward
             dones[t] = res.terminated | res.truncated
             truncated[t] = res.truncated & ~res.terminated
-            final_mask = truncated[t] if truncated[t].any() else None
+            terminated[t] = res.terminated
+            if transitions:
+                if next_obs is None:
+                    next_obs = np.zeros((T, *np.shape(res.obs)), np.asarray(res.obs).dtype)
+                done = dones[t].reshape((N,) + (1,) * (np.ndim(res.obs) - 1))
+                next_obs[t] = np.where(done, res.final_obs, res.obs) if res.final_obs is not None else res.obs
+            final_mask = truncated[t] if truncated[t].any() and not transitions else None
             final_obs = res.final_obs if final_mask is not None else None
             ep_returns += res.episode_returns
             ep_lengths += res.episode_lengths
@@ -98,8 +112,11 @@ class EnvWorker(Worker):
                 frame = self.env.render()
                 if frame is not None:
                     frames_ch.put(self.rank, {"frame": frame, "env_steps": self.steps}, timeout=1.0)
-        buf.update(rewards=rewards, dones=dones, truncated=truncated, bootstrap_values=bootstrap,
-                   last_values=np.asarray(last_values, np.float32))  # fmt: skip
+        buf.update(rewards=rewards, dones=dones, truncated=truncated, bootstrap_values=bootstrap)
+        if transitions:
+            buf.update(next_obs=next_obs, terminated=terminated)
+        else:
+            buf["last_values"] = np.asarray(last_values, np.float32)
         obs_ch.flush()
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
                                 "successes": successes, "env_steps": T * N})  # fmt: skip
@@ -131,11 +148,12 @@ class RolloutWorker(Worker):
         self.version = version
         return version
 
-    def serve(self, num_steps: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel) -> dict[str, Any]:
-        """Answer ``num_steps + 1`` observation rounds from ``env_ranks`` (the last is values only)."""
+    def serve(self, num_steps: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel,
+              value_round: bool = True) -> dict[str, Any]:  # fmt: skip
+        """Answer ``num_steps`` observation rounds from ``env_ranks`` (+1 values-only round if ``value_round``)."""
         import torch
 
-        for _ in range(num_steps + 1):
+        for _ in range(num_steps + int(value_round)):
             msgs = obs_ch.get_batch(env_ranks, as_torch=False)
             if any(m.get(ABORT) for m in msgs):
                 return {"aborted": True}
