@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["bench_channel.py", "bench_codec.py", "bench_ppo_cartpole.py", "bench_dashboard.py"]
+BENCHES = [
+    "bench_channel.py",
+    "bench_codec.py",
+    "bench_ppo_cartpole.py",
+    "bench_dashboard.py",
+    "bench_maniskill.py",
+]
 
 
 def main() -> int:

@@ -127,3 +127,6 @@ def make_env(spec: str, num_envs: int = 1, seed: int | None = None, **kwargs: An
 
 
 __all__ = ["StepResult", "VecEnv", "make_env", "register_env_backend"]
+
+# Backends in their own modules register themselves on import (their heavy imports stay lazy).
+from rlinf_nb.envs import maniskill as _maniskill  # noqa: E402, F401

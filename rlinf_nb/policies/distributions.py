@@ -9,28 +9,42 @@ algorithms need. Shapes: ``N`` = batch, ``A`` = action dimensions, ``K`` = discr
   space's bounds, with the change-of-variables log-prob correction (SAC).
 
 ``log_prob`` and ``entropy`` always return ``[N]``: per-dimension terms are summed.
+
+Action chunks: :class:`Chunked` wraps any of them so that one sample is ``chunk`` actions,
+``[N, chunk]`` (Discrete) or ``[N, chunk, A]`` (Box), with ``log_prob`` / ``entropy`` the
+sums over the chunk, still ``[N]``. :func:`make_action_head` builds the head for an action
+space, a head name (``"auto"``, ``"categorical"``, ``"gaussian"``, ``"squashed_gaussian"``)
+and a chunk length.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "ACTION_HEADS",
     "ActionDistribution",
     "Categorical",
     "CategoricalHead",
+    "Chunked",
+    "ChunkedHead",
     "DiagGaussian",
     "GaussianHead",
     "SquashedGaussian",
     "SquashedGaussianHead",
     "layer_init",
+    "make_action_head",
+    "resolve_head_kind",
 ]
+
+ACTION_HEADS = ("auto", "categorical", "gaussian", "squashed_gaussian")
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG2 = math.log(2.0)
@@ -243,3 +257,129 @@ class SquashedGaussianHead(nn.Module):
         raw = torch.tanh(self.log_std(features))
         log_std = self.log_std_min + 0.5 * (raw + 1.0) * (self.log_std_max - self.log_std_min)
         return SquashedGaussian(self.mean(features), log_std, self.action_loc, self.action_scale)
+
+
+# ----------------------------------------------------------------------------- chunks
+
+
+class Chunked:
+    """``chunk`` actions per sample from a distribution over their concatenation.
+
+    ``base`` is a distribution over ``[N, chunk * A]`` (Gaussian kinds) or a
+    :class:`Categorical` over ``logits[N, chunk, K]``; actions come out as
+    ``[N, chunk, A]`` / ``[N, chunk]``; ``log_prob`` and ``entropy`` are ``[N]`` (the
+    chunk's actions are independent given the observation, so their terms add up).
+    """
+
+    def __init__(self, base: Any, chunk: int, action_shape: tuple[int, ...]):
+        self.base = base
+        self.chunk = chunk
+        self.action_shape = tuple(action_shape)  # () for Discrete, (A,) for Box
+        self._discrete = isinstance(base, Categorical)
+
+    def _out(self, flat: Tensor) -> Tensor:
+        if self._discrete:
+            return flat  # already [N, chunk]
+        return flat.reshape(flat.shape[0], self.chunk, *self.action_shape)
+
+    def _in(self, action: Tensor) -> Tensor:
+        if self._discrete:
+            return action.reshape(action.shape[0], self.chunk)
+        return action.reshape(action.shape[0], -1)
+
+    def _sum(self, x: Tensor) -> Tensor:
+        return x.sum(-1) if self._discrete else x
+
+    def sample(self) -> Tensor:
+        return self._out(self.base.sample())
+
+    def log_prob(self, action: Tensor) -> Tensor:
+        return self._sum(self.base.log_prob(self._in(action)))
+
+    def entropy(self) -> Tensor:
+        return self._sum(self.base.entropy())
+
+    def mode(self) -> Tensor:
+        return self._out(self.base.mode())
+
+    def rsample_with_log_prob(self) -> tuple[Tensor, Tensor]:
+        action, logp = self.base.rsample_with_log_prob()
+        return self._out(action), self._sum(logp)
+
+
+class ChunkedHead(nn.Module):
+    """Wraps a head whose outputs cover ``chunk`` actions; returns :class:`Chunked`."""
+
+    def __init__(self, head: nn.Module, chunk: int, action_shape: tuple[int, ...], discrete: bool):
+        super().__init__()
+        self.head = head
+        self.chunk = chunk
+        self.action_shape = tuple(action_shape)
+        self.discrete = discrete
+
+    def forward(self, features: Tensor) -> Chunked:
+        if self.discrete:
+            logits = self.head.logits(features)  # [N, chunk * K]
+            base: Any = Categorical(logits.reshape(logits.shape[0], self.chunk, -1))
+        else:
+            base = self.head(features)
+        return Chunked(base, self.chunk, self.action_shape)
+
+
+def resolve_head_kind(kind: str, action_space: gym.Space) -> str:
+    """``"auto"`` -> categorical (Discrete) or gaussian (Box); checks the kind fits the space.
+
+    Raises:
+        ValueError: an unknown kind, or a kind that does not fit the action space.
+    """
+    if kind not in ACTION_HEADS:
+        raise ValueError(f"action_head: got {kind!r}; allowed values: {', '.join(ACTION_HEADS)}")
+    if kind == "auto":
+        if isinstance(action_space, gym.spaces.Discrete):
+            return "categorical"
+        if isinstance(action_space, gym.spaces.Box):
+            return "gaussian"
+        raise ValueError(f"policies support Discrete or Box action spaces, got {action_space}")
+    if kind == "categorical" and not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(f"action_head 'categorical' needs a Discrete action space, got {action_space}")
+    if kind != "categorical" and not isinstance(action_space, gym.spaces.Box):
+        raise ValueError(f"action_head {kind!r} needs a Box action space, got {action_space}")
+    return kind
+
+
+def make_action_head(
+    kind: str,
+    action_space: gym.Space,
+    in_dim: int,
+    *,
+    chunk: int = 1,
+    log_std_init: float = 0.0,
+    log_std_min: float = -5.0,
+    log_std_max: float = 2.0,
+    gain: float = 0.01,
+) -> tuple[nn.Module, str]:
+    """The action head for ``action_space``: ``(module, resolved kind)``.
+
+    ``module(features[N, in_dim])`` returns the distribution; with ``chunk > 1`` a
+    :class:`Chunked` one (a :class:`ChunkedHead` around a head sized for ``chunk`` actions).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk: got {chunk}; must be >= 1")
+    kind = resolve_head_kind(kind, action_space)
+    if kind == "categorical":
+        head: nn.Module = CategoricalHead(in_dim, int(action_space.n) * chunk, gain=gain)
+        action_shape: tuple[int, ...] = ()
+    else:
+        action_shape = tuple(action_space.shape)
+        act_dim = int(np.prod(action_shape)) * chunk
+        if kind == "gaussian":
+            head = GaussianHead(in_dim, act_dim, log_std_init, gain=gain)
+        else:
+            low, high = np.asarray(action_space.low).reshape(-1), np.asarray(action_space.high).reshape(-1)
+            head = SquashedGaussianHead(
+                in_dim, act_dim, low=np.tile(low, chunk), high=np.tile(high, chunk),
+                log_std_min=log_std_min, log_std_max=log_std_max, gain=gain,
+            )  # fmt: skip
+    if chunk > 1:
+        head = ChunkedHead(head, chunk, action_shape, discrete=kind == "categorical")
+    return head, kind

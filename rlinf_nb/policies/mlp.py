@@ -4,10 +4,12 @@ Separate actor and critic networks by default (no shared trunk), orthogonal init
 gain ``sqrt(2)`` on hidden layers, ``0.01`` on the policy head and ``1.0`` on the value
 head, tanh activations. The action head follows the action space: categorical for
 ``Discrete``, diagonal Gaussian with a state-independent ``log_std`` for ``Box``, or a
-tanh-squashed Gaussian (``action_head="squashed_gaussian"``, for SAC).
+tanh-squashed Gaussian (``action_head="squashed_gaussian"``, for SAC). ``act``, ``evaluate``
+and ``sample`` come from :class:`~rlinf_nb.policies.base.ActorCriticAPI`.
 
 Shapes: ``N`` = batch, ``obs[N, *obs_shape]`` (flattened to ``[N, obs_dim]``), actions
-``[N]`` (Discrete, int64) or ``[N, A]`` (Box); log-probs, entropies and values ``[N]``.
+``[N]`` (Discrete, int64) or ``[N, A]`` (Box), or with ``chunk = k > 1`` ``[N, k]`` /
+``[N, k, A]``; log-probs, entropies and values ``[N]``.
 """
 
 from __future__ import annotations
@@ -20,16 +22,16 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from rlinf_nb.config import ConfigError, build, deep_merge, param, to_dict
+from rlinf_nb.policies.base import ActorCriticAPI
 from rlinf_nb.policies.distributions import (
+    ACTION_HEADS,
     ActionDistribution,
-    CategoricalHead,
-    GaussianHead,
-    SquashedGaussianHead,
     layer_init,
+    make_action_head,
+    resolve_head_kind,
 )
 from rlinf_nb.policies.registry import register_policy
 
@@ -43,7 +45,6 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
     "silu": nn.SiLU,
     "leaky_relu": nn.LeakyReLU,
 }
-ACTION_HEADS = ("auto", "categorical", "gaussian", "squashed_gaussian")
 
 
 @dataclass
@@ -71,6 +72,7 @@ class MLPPolicyConfig:
     ortho_init: bool = param(
         True, doc="orthogonal init (gains sqrt(2) hidden, 0.01 policy head, 1 value head)"
     )
+    chunk: int = param(1, doc="actions per step (an action chunk): [N, chunk(, A)] when > 1", range=(1, 1024))
 
     def validate(self) -> None:
         for name in ("hidden_sizes", "critic_hidden_sizes"):
@@ -97,7 +99,7 @@ def _mlp(in_dim: int, sizes: tuple[int, ...], activation: str, ortho: bool) -> t
 
 
 @register_policy("mlp")
-class ActorCritic(nn.Module):
+class ActorCritic(ActorCriticAPI):
     """MLP actor-critic.
 
     Args:
@@ -124,19 +126,7 @@ class ActorCritic(nn.Module):
         self.action_space = action_space
         self.obs_dim = int(np.prod(obs_space.shape))
 
-        head = cfg.action_head
-        if head == "auto":
-            if isinstance(action_space, gym.spaces.Discrete):
-                head = "categorical"
-            elif isinstance(action_space, gym.spaces.Box):
-                head = "gaussian"
-            else:
-                raise ValueError(f"ActorCritic supports Discrete or Box action spaces, got {action_space}")
-        if head == "categorical" and not isinstance(action_space, gym.spaces.Discrete):
-            raise ValueError(f"action_head 'categorical' needs a Discrete action space, got {action_space}")
-        if head != "categorical" and not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"action_head {head!r} needs a Box action space, got {action_space}")
-        self.head_kind = head
+        self.head_kind = resolve_head_kind(cfg.action_head, action_space)
 
         if cfg.share_trunk:
             trunk, feat = _mlp(self.obs_dim, cfg.hidden_sizes, cfg.activation, cfg.ortho_init)
@@ -151,22 +141,10 @@ class ActorCritic(nn.Module):
             self.critic_body, critic_feat = _mlp(self.obs_dim, critic_sizes, cfg.activation, cfg.ortho_init)
 
         policy_gain = 0.01 if cfg.ortho_init else 1.0
-        if head == "categorical":
-            self.actor_head: nn.Module = CategoricalHead(actor_feat, int(action_space.n), gain=policy_gain)
-        elif head == "gaussian":
-            act_dim = int(np.prod(action_space.shape))
-            self.actor_head = GaussianHead(actor_feat, act_dim, cfg.log_std_init, gain=policy_gain)
-        else:
-            act_dim = int(np.prod(action_space.shape))
-            self.actor_head = SquashedGaussianHead(
-                actor_feat,
-                act_dim,
-                low=action_space.low,
-                high=action_space.high,
-                log_std_min=cfg.log_std_min,
-                log_std_max=cfg.log_std_max,
-                gain=policy_gain,
-            )
+        self.actor_head, _ = make_action_head(
+            self.head_kind, action_space, actor_feat, chunk=cfg.chunk, log_std_init=cfg.log_std_init,
+            log_std_min=cfg.log_std_min, log_std_max=cfg.log_std_max, gain=policy_gain,
+        )  # fmt: skip
         self.critic_head = nn.Linear(critic_feat, 1)
         if cfg.ortho_init:
             layer_init(self.critic_head, 1.0)
@@ -211,35 +189,6 @@ class ActorCritic(nn.Module):
             feat = self.actor_body(x)
             return self.actor_head(feat), self.critic_head(feat).squeeze(-1)
         return self.actor_head(self.actor_body(x)), self.critic_head(self.critic_body(x)).squeeze(-1)
-
-    # ------------------------------------------------------------------ API
-
-    @torch.no_grad()
-    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """Rollout step (no gradients): ``obs[N, ...] -> (action, logprob[N], value[N])``.
-
-        Gaussian actions are not clipped to the space's bounds (clip in the env runner and
-        store the unclipped action); squashed-Gaussian actions are within bounds.
-        """
-        dist, value = self._dist_and_value(obs)
-        action = dist.mode() if deterministic else dist.sample()
-        return action, dist.log_prob(action), value
-
-    def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Training step: ``(obs[N, ...], action) -> (logprob[N], entropy[N], value[N])`` with gradients."""
-        dist, value = self._dist_and_value(obs)
-        return dist.log_prob(action), dist.entropy(), value
-
-    def sample(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor]:
-        """Reparameterised ``(action, logprob[N])`` with gradients (SAC's actor update).
-
-        Not available for the categorical head.
-        """
-        dist = self.distribution(obs)
-        if deterministic:
-            action = dist.mode()
-            return action, dist.log_prob(action)
-        return dist.rsample_with_log_prob()
 
     def extra_repr(self) -> str:
         fields = ", ".join(

@@ -1,0 +1,162 @@
+"""ManiSkill PushCube-v1 env-steps/s: a plain ``env.step`` loop vs our rollout through the cluster.
+
+Run: ``.venv/bin/python bench/bench_maniskill.py [--workers 1] [--seconds 8] [--no-rgb] [--skip-cluster]``.
+
+All in one run, CPU physx (``sim_backend="physx_cpu"``), state observations, one env per
+env worker, random actions:
+
+1. **plain loop** -- ``gym.make("PushCube-v1", num_envs=1, ...)`` stepped in a tight loop
+   (resetting on done), in ``--workers`` processes at once (the same envs the cluster runs);
+2. **make_env loop** -- the same through ``rlinf_nb.envs.make_env("maniskill:PushCube-v1")``
+   (numpy conversion, same-step autoreset, episode bookkeeping);
+3. **cluster rollout** -- a PPO run (``epochs=1``, so updates are short) with
+   ``env_workers=--workers`` and ``num_envs=1``; rollout env-steps/s per iteration is
+   ``rollout_steps * workers / time/rollout`` (the rollout stage only: env steps plus the
+   channel round trips to the rollout worker's policy), median over iterations after the
+   first. The plain loop is measured before and after, and the ratio uses their mean.
+
+With ``--rgb`` (default on) it also measures the plain and make_env loops with
+``obs_mode="rgb"`` (128x128 base camera) and prints construction times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+import uuid
+from typing import Any
+
+ENV_ID = "PushCube-v1"
+
+
+def _plain_worker(args: tuple[str, float, int, Any]) -> tuple[float, float]:
+    """One process: make the env, wait for the others, step for ``seconds``; (make s, steps/s)."""
+    obs_mode, seconds, seed, barrier = args
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
+    import numpy as np
+
+    t0 = time.perf_counter()
+    env = gym.make(ENV_ID, num_envs=1, obs_mode=obs_mode, sim_backend="physx_cpu")
+    make_s = time.perf_counter() - t0
+    env.reset(seed=seed)
+    actions = np.random.default_rng(seed).uniform(-1, 1, (4096, *env.action_space.shape)).astype(np.float32)
+    if barrier is not None:
+        barrier.wait()
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        _, _, term, trunc, _ = env.step(actions[steps % 4096])
+        steps += 1
+        if bool(term.any()) or bool(trunc.any()):
+            env.reset()
+    rate = steps / (time.perf_counter() - t0)
+    env.close()
+    return make_s, rate
+
+
+def plain_loop(obs_mode: str, seconds: float, workers: int) -> tuple[float, float]:
+    """Total env-steps/s of ``workers`` plain loops running at once, and the mean make time."""
+    if workers == 1:
+        return _plain_worker((obs_mode, seconds, 0, None))
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(workers)
+        with ctx.Pool(workers) as pool:
+            out = pool.map(_plain_worker, [(obs_mode, seconds, i, barrier) for i in range(workers)])
+    return statistics.mean(m for m, _ in out), sum(r for _, r in out)
+
+
+def make_env_loop(obs_mode: str, seconds: float) -> tuple[float, float]:
+    """(make s, steps/s) of one env through rlinf_nb.envs.make_env."""
+    import numpy as np
+
+    from rlinf_nb.envs import make_env
+
+    t0 = time.perf_counter()
+    env = make_env(f"maniskill:{ENV_ID}", num_envs=1, seed=0, obs_mode=obs_mode)
+    make_s = time.perf_counter() - t0
+    env.reset()
+    actions = np.random.default_rng(0).uniform(-1, 1, (4096, 1, *env.action_space.shape)).astype(np.float32)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        env.step(actions[steps % 4096])
+        steps += 1
+    rate = steps / (time.perf_counter() - t0)
+    env.close()
+    return make_s, rate
+
+
+def cluster_rollout(workers: int, rollout_steps: int, iterations: int) -> dict[str, float]:
+    """Rollout env-steps/s of a PPO run on the cluster (median over iterations after the first)."""
+    import rlinf_nb as rl
+
+    rl.attach(quiet=True)
+    cfg = {
+        "algorithm": "ppo",
+        "seed": 0,
+        "env": {"id": f"maniskill:{ENV_ID}", "num_envs": 1, "kwargs": {"obs_mode": "state"}},
+        "algo": {"rollout_steps": rollout_steps, "epochs": 1, "minibatch_size": rollout_steps * workers},
+        "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [256, 256]}},
+        "placement": {"env": {"num_workers": workers}},
+        "budget": {"total_env_steps": rollout_steps * workers * iterations},
+        "checkpoint": {"every": 0, "keep": 1},
+    }
+    t0 = time.time()
+    run = rl.launch(cfg, name=f"bench_maniskill_{uuid.uuid4().hex[:6]}")
+    run.wait(timeout=1800, progress=False)
+    df = run.metrics()
+    if df.empty or "time/rollout" not in df:
+        raise RuntimeError(f"the run produced no metrics: {run.status()}")
+    per_iter = rollout_steps * workers / df["time/rollout"]
+    steady = per_iter.iloc[1:] if len(per_iter) > 1 else per_iter
+    return {
+        "rollout_steps_per_s": float(steady.median()),
+        "overall_steps_per_s": float(df["steps_per_s"].iloc[1:].median()),
+        "seconds": time.time() - t0,
+        "iterations": len(df),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=1, help="env workers (one env each)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each plain-loop measurement")
+    parser.add_argument("--rollout-steps", type=int, default=200)
+    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--rgb", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--skip-cluster", action="store_true")
+    args = parser.parse_args()
+
+    rows: list[tuple[str, float, float | None]] = []
+    make_s, before = plain_loop("state", args.seconds, args.workers)
+    rows.append((f"plain env.step loop, state, {args.workers} proc", before, make_s))
+    make_s, ours = make_env_loop("state", args.seconds)
+    rows.append(("make_env loop, state, 1 env", ours, make_s))
+    if args.rgb:
+        make_s, rate = plain_loop("rgb", args.seconds, 1)
+        rows.append(("plain env.step loop, rgb 128px, 1 env", rate, make_s))
+        make_s, rate = make_env_loop("rgb", args.seconds)
+        rows.append(("make_env loop, rgb 128px, 1 env", rate, make_s))
+    cluster = None
+    if not args.skip_cluster:
+        cluster = cluster_rollout(args.workers, args.rollout_steps, args.iterations)
+        make_s, after = plain_loop("state", args.seconds, args.workers)
+        rows.append((f"plain env.step loop again, {args.workers} proc", after, make_s))
+        rows.append((f"cluster rollout, {args.workers} env worker(s)", cluster["rollout_steps_per_s"], None))
+
+    print(f"\n{'what':<44}{'env-steps/s':>12}{'make s':>9}")
+    for what, rate, make in rows:
+        print(f"{what:<44}{rate:>12.1f}{'' if make is None else f'{make:.2f}':>9}")
+    plain_state = rows[0][1]
+    print(f"\nmake_env / plain (state, 1 env) = {ours / (plain_state / args.workers):.2f}")
+    if cluster is not None:
+        plain = (before + after) / 2
+        print(f"cluster rollout / plain loop = {cluster['rollout_steps_per_s'] / plain:.2f}  (target >= 0.9)")
+        print(f"(whole PPO iteration incl. update: {cluster['overall_steps_per_s']:.1f} env-steps/s; "
+              f"run {cluster['seconds']:.0f} s, {cluster['iterations']} iterations)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
