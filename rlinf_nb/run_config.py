@@ -55,6 +55,12 @@ class PlacementConfig:
     env: GroupConfig = param(factory=_env_group, doc="env workers (simulators or robots)")
     rollout: GroupConfig = param(factory=_env_group, doc="rollout workers (policy inference)")
     actor: GroupConfig = param(factory=_actor_group, doc="the learner")
+    env_to_rollout: str = param(
+        "direct",
+        doc="how env workers get actions: 'direct' (one call to their rollout worker per step) or "
+        "'channel' (through the obs/actions channels: four messages per step, batched per rollout worker)",
+        choices=("direct", "channel"),
+    )
 
 
 @dataclass

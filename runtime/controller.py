@@ -29,7 +29,7 @@ from rlinf_nb.run_config import RunConfig, live_params, resolve_key
 
 from .channel import Channel
 from .rundir import RunDir, dedupe_steps
-from .worker import GroupPlacement, WorkerGroup, check_placement
+from .worker import GroupFuture, GroupPlacement, WorkerGroup, check_placement
 from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
 
 ACTOR_PREFIX = "run:"
@@ -244,6 +244,14 @@ class RunControllerImpl:
     def _start_segment(self, steps: int, transitions: bool) -> tuple[Any, Any]:
         """Start ``steps`` env steps on every env worker, served by the rollout workers (non-blocking)."""
         ch = self.channels
+        if self.cfg.placement.env_to_rollout == "direct":
+            policies = self.groups["rollout"].actors
+            n_roll = len(policies)
+            env_fut = self.groups["env"].call(
+                "rollout_direct", steps, ch["trajectories"], ch["frames"], transitions,
+                rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
+            )  # fmt: skip
+            return env_fut, GroupFuture(self.groups["rollout"], "infer", [])
         env_fut = self.groups["env"].call(
             "rollout", steps, ch["obs"], ch["actions"], ch["trajectories"], ch["frames"], transitions
         )

@@ -139,6 +139,8 @@ class GroupFuture:
         return results
 
     def ready(self) -> bool:
+        if not self.refs:
+            return True
         done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
         return len(done) == len(self.refs)
 

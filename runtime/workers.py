@@ -53,7 +53,35 @@ class EnvWorker(Worker):
 
     def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
                 frames_ch: Channel | None = None, transitions: bool = False) -> dict[str, Any]:  # fmt: skip
-        """Run ``num_steps`` steps; ask for actions through the channels; publish the trajectory.
+        """Run ``num_steps`` steps asking for actions through the ``obs``/``actions`` channels."""
+
+        def ask(msg: dict[str, Any]) -> dict[str, Any]:
+            obs_ch.put(self.rank, msg, block=False)
+            return act_ch.get(self.rank, as_torch=False)
+
+        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush)
+
+    def rollout_direct(self, policy: Any, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
+                       transitions: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Run ``num_steps`` steps asking the rollout worker ``policy`` (an actor handle) directly.
+
+        One actor call per step instead of four channel messages: the rollout path is latency-bound.
+        """
+        import ray
+
+        def ask(msg: dict[str, Any]) -> dict[str, Any]:
+            report = ray.get(policy._invoke.remote("infer", (msg,), {}))
+            if not report["ok"]:
+                raise RuntimeError(
+                    f"the rollout worker failed serving env worker {self.rank}:\n{report['error']}"
+                )
+            return report["result"]
+
+        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions)
+
+    def _rollout(self, num_steps: int, ask: Any, traj_ch: Channel, frames_ch: Channel | None,
+                 transitions: bool, before_publish: Any = None) -> dict[str, Any]:  # fmt: skip
+        """Step ``num_steps`` times with actions from ``ask(msg) -> reply``; publish the trajectory.
 
         ``transitions=True`` (off-policy) also keeps ``next_obs`` (the true last observation where an
         episode ended) and ``terminated``, and skips the final values-only round.
@@ -75,9 +103,9 @@ class EnvWorker(Worker):
         for t in range(T + 1):
             if t == T and transitions:
                 break
-            obs_ch.put(self.rank, {"obs": self.obs, "final_obs": final_obs, "final_mask": final_mask,
-                                   "value_only": t == T}, block=False)  # fmt: skip
-            reply = act_ch.get(self.rank, as_torch=False)
+            reply = ask(
+                {"obs": self.obs, "final_obs": final_obs, "final_mask": final_mask, "value_only": t == T}
+            )
             if reply.get(ABORT):
                 return {"aborted": True}
             if t > 0 and final_mask is not None:
@@ -117,7 +145,8 @@ class EnvWorker(Worker):
             buf.update(next_obs=next_obs, terminated=terminated)
         else:
             buf["last_values"] = np.asarray(last_values, np.float32)
-        obs_ch.flush()
+        if before_publish is not None:
+            before_publish()
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
                                 "successes": successes, "env_steps": T * N})  # fmt: skip
         return {"env_steps": T * N, "episodes": len(ep_returns)}
@@ -151,38 +180,49 @@ class RolloutWorker(Worker):
     def serve(self, num_steps: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel,
               value_round: bool = True) -> dict[str, Any]:  # fmt: skip
         """Answer ``num_steps`` observation rounds from ``env_ranks`` (+1 values-only round if ``value_round``)."""
-        import torch
-
         for _ in range(num_steps + int(value_round)):
             msgs = obs_ch.get_batch(env_ranks, as_torch=False)
             if any(m.get(ABORT) for m in msgs):
                 return {"aborted": True}
-            sizes = [len(m["obs"]) for m in msgs]
-            obs = torch.as_tensor(np.concatenate([m["obs"] for m in msgs]))
-            with torch.no_grad():
-                if msgs[0]["value_only"]:
-                    actions = logprobs = None
-                    values = self.policy.value(obs)
-                else:
-                    actions, logprobs, values = self.policy.act(obs)
-                boot = [None] * len(msgs)
-                for i, m in enumerate(msgs):
-                    if m["final_obs"] is not None:
-                        boot[i] = self.policy.value(torch.as_tensor(m["final_obs"])).numpy()
-            offsets = np.cumsum([0, *sizes])
-            for i, rank in enumerate(env_ranks):
-                sl = slice(offsets[i], offsets[i + 1])
-                reply = {
-                    "values": values[sl].numpy(),
-                    "bootstrap_values": boot[i],
-                    "version": np.full(sizes[i], self.version),
-                }
-                if actions is not None:
-                    reply["actions"] = actions[sl].numpy()
-                    reply["logprobs"] = logprobs[sl].numpy()
+            for rank, reply in zip(env_ranks, self._answer(msgs), strict=True):
                 act_ch.put(rank, reply, block=False)
         act_ch.flush()
         return {"version": self.version}
+
+    def infer(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Answer one env worker's observation message (the direct rollout path)."""
+        return self._answer([msg])[0]
+
+    def _answer(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Actions, log-probs, values (and bootstrap values of time-limited episodes) for each message."""
+        import torch
+
+        sizes = [len(m["obs"]) for m in msgs]
+        obs = torch.as_tensor(np.concatenate([m["obs"] for m in msgs]))
+        with torch.no_grad():
+            if msgs[0]["value_only"]:
+                actions = logprobs = None
+                values = self.policy.value(obs)
+            else:
+                actions, logprobs, values = self.policy.act(obs)
+            boot = [None] * len(msgs)
+            for i, m in enumerate(msgs):
+                if m["final_obs"] is not None:
+                    boot[i] = self.policy.value(torch.as_tensor(m["final_obs"])).numpy()
+        offsets = np.cumsum([0, *sizes])
+        replies = []
+        for i in range(len(msgs)):
+            sl = slice(offsets[i], offsets[i + 1])
+            reply = {
+                "values": values[sl].numpy(),
+                "bootstrap_values": boot[i],
+                "version": np.full(sizes[i], self.version),
+            }
+            if actions is not None:
+                reply["actions"] = actions[sl].numpy()
+                reply["logprobs"] = logprobs[sl].numpy()
+            replies.append(reply)
+        return replies
 
 
 class LearnerWorker(Worker):
