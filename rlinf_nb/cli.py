@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8888)
     p.add_argument("--open", default="notebooks/00_quickstart.ipynb")
     p.set_defaults(fn=_lab)
+    # `rlinf-nb data merge|filter|info` (rlinf_nb/data/cli.py; imports LeRobot only when run)
+    from rlinf_nb.data.cli import add_data_parser
+
+    add_data_parser(sub)
     return parser
 
 
