@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rlinf_nb.data.cli import add_data_parser
 
     add_data_parser(sub)
+    # `rlinf-nb robot check SPEC` (robots/cli.py; imports a driver's SDK only when run)
+    from rlinf_nb.robots.cli import add_robot_parser
+
+    add_robot_parser(sub)
     return parser
 
 

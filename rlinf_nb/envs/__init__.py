@@ -9,6 +9,7 @@ backends (``maniskill:``, ``robot:``) register a prefix with :func:`register_env
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ import gymnasium as gym
 import numpy as np
 
 _BACKENDS: dict[str, Callable[..., VecEnv]] = {}
+# prefix -> module that registers it when imported (imported on first use)
+_LAZY_BACKENDS = {"robot": "rlinf_nb.envs.robot_env"}
 
 
 def register_env_backend(prefix: str) -> Callable:
@@ -118,8 +121,10 @@ def make_env(spec: str, num_envs: int = 1, seed: int | None = None, **kwargs: An
     prefix, sep, env_id = spec.partition(":")
     if not sep:
         prefix, env_id = "gym", spec
+    if prefix not in _BACKENDS and prefix in _LAZY_BACKENDS:
+        importlib.import_module(_LAZY_BACKENDS[prefix])
     if prefix not in _BACKENDS:
-        known = ", ".join(sorted(_BACKENDS))
+        known = ", ".join(sorted(set(_BACKENDS) | set(_LAZY_BACKENDS)))
         raise ValueError(f"make_env: unknown env backend {prefix!r} in {spec!r}; known backends: {known}")
     if num_envs < 1:
         raise ValueError(f"make_env: num_envs must be >= 1, got {num_envs}")
