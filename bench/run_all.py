@@ -13,6 +13,7 @@ BENCHES = [
     "bench_ppo_cartpole.py",
     "bench_dashboard.py",
     "bench_maniskill.py",
+    "bench_latency.py",
 ]
 
 

@@ -287,6 +287,28 @@ class Run:
     def revert(self, stage: str) -> bool:
         return self._call("revert", stage)
 
+    # -- human in the loop (robot envs made with a ``human`` kwarg) ---------------------------
+    def take_over(self, env: int = 0) -> None:
+        """A human takes over env ``env``: until :meth:`hand_back` it applies :meth:`human_action`'s action."""
+        self._human(env, {"kind": "take_over"})
+
+    def human_action(self, action: Any, env: int = 0) -> None:
+        """The human's action for env ``env`` (held until the next one; ee_delta envs: x, y, z in [-1, 1])."""
+        self._human(env, {"kind": "action", "action": [float(x) for x in action]})
+
+    def hand_back(self, env: int = 0) -> None:
+        """Give env ``env`` back to the policy (blended over the env's ``blend_steps``)."""
+        self._human(env, {"kind": "hand_back"})
+
+    def mark(self, outcome: str, env: int = 0) -> None:
+        """End env ``env``'s episode as a ``"success"`` or ``"failure"`` (the human's verdict)."""
+        self._human(env, {"kind": "mark", "mark": outcome})
+
+    def _human(self, env: int, cmd: dict[str, Any]) -> None:
+        report = self._call("human", env, cmd)
+        if not report["ok"]:
+            raise ValueError(f"run {self.name!r}: {cmd['kind']} on env {env}: {report['error']}")
+
     def checkpoint(self) -> str | None:
         return self._call("checkpoint_now", timeout=300)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_nb.config import ConfigError, build, live_fields, param
+from rlinf_nb.link import LinkConfig
 
 
 @dataclass
@@ -25,6 +26,9 @@ class EnvConfig:
     kwargs: dict[str, Any] = param(factory=dict, doc="extra keyword arguments for the env constructor")
     render_every: int = param(
         0, doc="keep a frame every N env steps for the viewer (0 = off)", range=(0, None)
+    )
+    link: LinkConfig = param(
+        factory=LinkConfig, doc="simulated observation/action delays between policy and env (off by default)"
     )
 
 
@@ -128,6 +132,10 @@ class RunConfig:
             self.algo = build(algo.config_cls, section, path="algo")
         elif not isinstance(self.algo, algo.config_cls):
             raise ConfigError("algo", type(self.algo).__name__, f"expected {algo.config_cls.__name__}")
+        # Checks of the algo section against the rest of the run (e.g. GRPO's groups vs the env count).
+        check = getattr(self.algo, "validate_run", None)
+        if check is not None:
+            check(self)
 
 
 # Short names a user may pass as keyword overrides / set_hparams.

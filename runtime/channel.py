@@ -98,6 +98,7 @@ class _Envelope:
     ref: list | None  # [ObjectRef] wrapped in a list so Ray does not resolve it in transit
     nbytes: int
     put_time: float
+    visible_at: float = 0.0  # with a link: when getters may see it (the channel actor's monotonic clock)
 
 
 # ----------------------------------------------------------------------------- the actor
@@ -107,10 +108,15 @@ class _Envelope:
 class ChannelActor:
     """Holds the queues. All methods run on one asyncio loop (no locks needed)."""
 
-    def __init__(self, name: str, maxsize: int, drop_oldest: bool):
+    def __init__(self, name: str, maxsize: int, drop_oldest: bool, link: Any = None):
         self.name = name
         self.maxsize = maxsize
         self.drop_oldest = drop_oldest
+        self.link = None  # a simulated network link (rlinf_nb.link.LinkClock): latency + bandwidth
+        if link is not None:
+            from rlinf_nb.link import LinkClock
+
+            self.link = LinkClock(link)
         self.queues: dict[Any, deque[_Envelope]] = defaultdict(deque)
         self.cond = asyncio.Condition()
         self.stats = {
@@ -139,6 +145,8 @@ class ChannelActor:
                     await asyncio.wait_for(self.cond.wait_for(lambda: len(q) < self.maxsize), timeout)
                 except TimeoutError:
                     return False
+            if self.link is not None:
+                env.visible_at = self.link.deliver(time.monotonic(), env.nbytes)
             q.append(env)
             self.stats["puts"] += 1
             self.stats["bytes_in"] += env.nbytes
@@ -151,7 +159,7 @@ class ChannelActor:
         t0 = time.perf_counter()
         async with self.cond:
             try:
-                await asyncio.wait_for(self.cond.wait_for(lambda: all(self.queues[k] for k in keys)), timeout)
+                await self._wait(lambda: all(self._visible(self.queues[k]) for k in keys), keys, timeout)
             except TimeoutError:
                 return None
             out = [self.queues[k].popleft() for k in keys]
@@ -167,10 +175,10 @@ class ChannelActor:
         async with self.cond:
             q = self.queues[key]
             try:
-                await asyncio.wait_for(self.cond.wait_for(lambda: len(q) > 0), timeout)
+                await self._wait(lambda: self._visible(q) > 0, [key], timeout)
             except TimeoutError:
                 return None
-            out = [q.popleft() for _ in range(min(max_items, len(q)))]
+            out = [q.popleft() for _ in range(min(max_items, self._visible(q)))]
             self.stats["gets"] += len(out)
             self.stats["bytes_out"] += sum(e.nbytes for e in out)
             self.stats["get_wait_s"] += time.perf_counter() - t0
@@ -180,7 +188,37 @@ class ChannelActor:
     async def latest(self, key: Any) -> _Envelope | None:
         """The newest item of ``key`` without removing it (for UI readers)."""
         q = self.queues.get(key)
-        return q[-1] if q else None
+        n = self._visible(q) if q else 0
+        return q[n - 1] if n else None
+
+    def _visible(self, q: deque[_Envelope]) -> int:
+        """How many items at the head of ``q`` getters may see (all of them without a link)."""
+        if self.link is None or not q:
+            return len(q)
+        now = time.monotonic()
+        n = 0
+        for env in q:  # a link delivers in put order, so the visible items are a prefix
+            if env.visible_at > now:
+                break
+            n += 1
+        return n
+
+    async def _wait(self, ready: Any, keys: list, timeout: float | None) -> None:
+        """Wait (holding ``cond``) until ``ready()``; raises TimeoutError past ``timeout``."""
+        if self.link is None:
+            await asyncio.wait_for(self.cond.wait_for(ready), timeout)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ready():  # wake at the next delivery time, a put, or the deadline
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError
+            pending = [env.visible_at for k in keys for env in self.queues[k] if env.visible_at > now]
+            waits = [t - now for t in (min(pending, default=None), deadline) if t is not None]
+            try:
+                await asyncio.wait_for(self.cond.wait(), min(waits) if waits else None)
+            except TimeoutError:
+                pass
 
     async def clear(self) -> int:
         async with self.cond:
@@ -191,7 +229,10 @@ class ChannelActor:
 
     async def metrics(self) -> dict[str, Any]:
         depths = {str(k): len(q) for k, q in self.queues.items()}
-        return {"name": self.name, "depth": sum(depths.values()), "depth_by_key": depths, **self.stats}
+        out = {"name": self.name, "depth": sum(depths.values()), "depth_by_key": depths, **self.stats}
+        if self.link is not None:  # items put but not delivered yet (they count in depth)
+            out["in_flight"] = sum(len(q) - self._visible(q) for q in self.queues.values())
+        return out
 
 
 # ----------------------------------------------------------------------------- the client
@@ -207,11 +248,23 @@ class Channel:
         self._inflight: list[ray.ObjectRef] = []
 
     @classmethod
-    def create(cls, name: str, maxsize: int = 8, drop_oldest: bool = False, **options: Any) -> Channel:
-        """Create a channel actor (owned by the caller: it dies with its creator)."""
+    def create(
+        cls, name: str, maxsize: int = 8, drop_oldest: bool = False, link: Any = None, **options: Any
+    ) -> Channel:
+        """Create a channel actor (owned by the caller: it dies with its creator).
+
+        ``link``: a simulated network link between the producer and consumer groups (an
+        :class:`rlinf_nb.link.ChannelLink` or its mapping, e.g. ``{"latency": {"kind": "constant",
+        "ms": 50}, "bandwidth_bytes_s": 10e6}``): each item becomes visible to getters only at its
+        delivery time (:func:`rlinf_nb.link.delivery_times`). Items in flight hold their key's slots.
+        """
         if maxsize < 1:
             raise ValueError(f"channel {name!r}: maxsize must be >= 1, got {maxsize}")
-        actor = ChannelActor.options(**options).remote(name, maxsize, drop_oldest)
+        if link is not None:
+            from rlinf_nb.link import ChannelLink
+
+            link = ChannelLink.of(link)  # validated here, in the caller's process
+        actor = ChannelActor.options(**options).remote(name, maxsize, drop_oldest, link)
         return cls(name, actor)
 
     def _envelope(self, item: Any) -> _Envelope:

@@ -73,8 +73,10 @@ class StageContext:
     def progress(self) -> float:
         return min(1.0, self._c.env_steps / max(1, self._c.cfg.budget.total_env_steps))
 
-    def collect_rollout(self, steps: int) -> dict[str, Any]:
-        return self._c.collect_rollout(steps)
+    def collect_rollout(self, steps: int, reset_seeds: list[int] | None = None) -> dict[str, Any]:
+        """``steps`` env steps per env; ``reset_seeds`` (one per env over all env workers, in rank
+        order) first resets every env with its seed (GRPO's groups)."""
+        return self._c.collect_rollout(steps, reset_seeds)
 
     @property
     def env_steps(self) -> int:
@@ -123,6 +125,9 @@ class RunControllerImpl:
         self.returns_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
         self.lengths_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
         self.success_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
+        # Human in the loop (robot envs with a human): per-episode clean successes, last segment's rate
+        self.clean_success_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
+        self.intervention_rate: float | None = None
         self.stage_times: dict[str, float] = {}
         self.metrics_rows: list[dict[str, Any]] = []
         self.event_rows: list[dict[str, Any]] = []
@@ -199,6 +204,10 @@ class RunControllerImpl:
                              for j in range(p.rollout.num_workers)]  # fmt: skip
         for g in self.groups.values():
             self.placement_info += g.health(timeout=300)
+        demos = getattr(cfg.algo, "demos", None)
+        if demos:  # a resumed run's checkpoint replaces the demo buffer with its own copy
+            stats = self.groups["actor"].call("load_demos", demos, env_dict, cfg.seed).get(timeout=900)[0]
+            self.event("demos", source=demos, **stats)
         if self.resume:
             self._restore()
         self.sync_weights()
@@ -227,19 +236,30 @@ class RunControllerImpl:
 
     # ------------------------------------------------------------------ stage context services
 
-    def collect_rollout(self, steps: int) -> dict[str, Any]:
+    def collect_rollout(self, steps: int, reset_seeds: list[int] | None = None) -> dict[str, Any]:
         for attempt in range(4):
             try:
-                return self._collect_rollout_once(steps)
+                return self._collect_rollout_once(steps, reset_seeds)
             except RECOVERABLE as exc:
                 if attempt == 3:
                     raise
                 self._recover_env_failure(exc)
         raise AssertionError("unreachable")
 
-    def _collect_rollout_once(self, steps: int) -> dict[str, Any]:
+    def _collect_rollout_once(self, steps: int, reset_seeds: list[int] | None = None) -> dict[str, Any]:
+        if reset_seeds is not None:
+            self._reset_envs(reset_seeds)
         segment = self._start_segment(steps, transitions=False)
         return self._finish_segment(segment)
+
+    def _reset_envs(self, seeds: list[int]) -> None:
+        """Reset every env worker's envs, env ``i`` of worker ``r`` with ``seeds[r * num_envs + i]``."""
+        n, group = self.cfg.env.num_envs, self.groups["env"]
+        if len(seeds) != n * len(group):
+            raise ValueError(f"reset_seeds: got {len(seeds)} seeds for {n * len(group)} envs")
+        group.call("reset", rank_args=[(list(seeds[r * n : (r + 1) * n]),) for r in range(len(group))]).get(
+            timeout=300
+        )
 
     def _start_segment(self, steps: int, transitions: bool) -> tuple[Any, Any]:
         """Start ``steps`` env steps on every env worker, served by the rollout workers (non-blocking)."""
@@ -307,8 +327,21 @@ class RunControllerImpl:
             self.returns_window.extend(returns)
             self.lengths_window.extend(x for t in trajs for x in t["episode_lengths"])
             self.success_window.extend(x for t in trajs for x in t["successes"])
+        human = [t["human"] for t in trajs if "human" in t]
+        if human:
+            self._record_human(human, new_steps)
         return {"env_steps": new_steps, "episodes": len(returns),
                 "episode_return_mean": float(np.mean(returns)) if returns else None}  # fmt: skip
+
+    def _record_human(self, tallies: list[dict[str, Any]], new_steps: int) -> None:
+        """Intervention metrics of one segment, and an ``intervention`` event when a human took over."""
+        steps = sum(h["intervened_steps"] for h in tallies)
+        takeovers = sum(h["takeovers"] for h in tallies)
+        with self.lock:
+            self.intervention_rate = steps / max(1, new_steps)
+            self.clean_success_window.extend(x for h in tallies for x in h["clean_successes"])
+        if takeovers:
+            self.event("intervention", takeovers=takeovers, intervened_steps=steps)
 
     def collect_async(self, steps: int, block: bool) -> dict[str, Any]:
         """Off-policy collection that runs while the learner trains.
@@ -494,6 +527,10 @@ class RunControllerImpl:
             "episodes": self.episodes,
             "steps_per_s": new_steps / elapsed if elapsed > 0 else None,
         }
+        if self.intervention_rate is not None:
+            row["intervention_rate"] = self.intervention_rate
+            cw = self.clean_success_window
+            row["success_without_intervention"] = float(np.mean(cw)) if cw else None
         for key, value in update_metrics.items():
             row[key] = value
         for name, secs in self.stage_times.items():
@@ -729,6 +766,27 @@ class RunController:
         start = self.impl.request_step(stage)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.impl.wait_step_done, start, stage, timeout)
+
+    @_touches
+    async def human(self, env: int, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A human's command for env ``env`` (global index over all env workers); see :mod:`rlinf_nb.envs.human`."""
+        impl = self.impl
+        group = impl.groups.get("env")
+        if group is None:
+            return {"ok": False, "error": "the run has no env workers yet"}
+        per_worker = impl.cfg.env.num_envs
+        rank, local = divmod(int(env), per_worker)
+        if not 0 <= rank < len(group):
+            return {
+                "ok": False,
+                "error": f"env {env} out of range: the run has {per_worker * len(group)} envs",
+            }
+        report = await group.actors[rank].human_command.remote(local, dict(cmd))
+        if report["ok"] and cmd.get("kind") != "action":
+            impl.event(
+                "human", command=cmd["kind"], env=int(env), **({"mark": cmd["mark"]} if "mark" in cmd else {})
+            )
+        return report
 
     @_touches
     async def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:

@@ -160,7 +160,8 @@ class WorkerGroup:
         self.name = name
         self.placement = placement
         self.last_timings: dict[str, list[float]] = {}
-        remote_cls = ray.remote(worker_cls)
+        groups = getattr(worker_cls, "concurrency_groups", None)
+        remote_cls = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
         self.actors = [
             remote_cls.options(
                 num_cpus=placement.num_cpus,

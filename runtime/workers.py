@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import numpy as np
+import ray
 
 from .channel import Channel
 from .worker import Worker
@@ -29,7 +30,13 @@ def _set_torch_threads() -> None:
 
 
 class EnvWorker(Worker):
-    """Steps ``num_envs`` envs of one spec; never runs the policy itself."""
+    """Steps ``num_envs`` envs of one spec; never runs the policy itself.
+
+    ``human_command`` runs in its own concurrency group, so a human's take-over reaches the env
+    while a rollout is stepping it (no per-step polling).
+    """
+
+    concurrency_groups = {"control": 1}
 
     def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int):
         super().__init__(rank, world_size, group)
@@ -40,7 +47,9 @@ class EnvWorker(Worker):
         kwargs = dict(env_cfg.get("kwargs") or {})
         if env_cfg.get("render_every"):
             kwargs.setdefault("render_mode", "rgb_array")
-        self.env = make_env(env_cfg["id"], env_cfg["num_envs"], seed=self.seed, **kwargs)
+        self.env = make_env(
+            env_cfg["id"], env_cfg["num_envs"], seed=self.seed, link=env_cfg.get("link"), **kwargs
+        )
         self.obs = self.env.reset(seed=self.seed)
         self.frames: Channel | None = None
         self.steps = 0
@@ -48,8 +57,29 @@ class EnvWorker(Worker):
     def spaces(self) -> tuple[Any, Any]:
         return self.env.observation_space, self.env.action_space
 
-    def reset(self) -> None:
-        self.obs = self.env.reset()
+    @ray.method(concurrency_group="control")
+    def human_command(self, env_index: int, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Pass ``cmd`` (take_over, action, hand_back, mark) to the human in the loop of env ``env_index``."""
+        envs = getattr(self.env, "envs", None)
+        if envs is None or not hasattr(envs[0], "human_command"):
+            return {
+                "ok": False,
+                "error": f"env {self.env_cfg['id']!r} has no human in the loop (robot envs only)",
+            }
+        if not 0 <= env_index < len(envs):
+            return {
+                "ok": False,
+                "error": f"env index {env_index} out of range: this worker has {len(envs)} envs",
+            }
+        try:
+            envs[env_index].human_command(cmd)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller as a clear message
+            return {"ok": False, "error": str(exc)}
+        return {"ok": True}
+
+    def reset(self, seeds: list[int] | None = None) -> None:
+        """Reset every env: env ``i`` with ``seeds[i]`` when given, else from the worker's seed."""
+        self.obs = self.env.reset(seed=seeds)
 
     def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
                 frames_ch: Channel | None = None, transitions: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -100,6 +130,7 @@ class EnvWorker(Worker):
         last_values = None
         terminated = np.zeros((T, N), bool)
         next_obs = None
+        human = _HumanTally(T, N)
         for t in range(T + 1):
             if t == T and transitions:
                 break
@@ -121,6 +152,8 @@ class EnvWorker(Worker):
                 buf[key][t] = arr
             res = self.env.step(reply["actions"])
             self.steps += N
+            if res.intervened is not None:
+                human.record(t, res, buf["actions"])
             rewards[t] = res.reward
             dones[t] = res.terminated | res.truncated
             truncated[t] = res.truncated & ~res.terminated
@@ -145,11 +178,47 @@ class EnvWorker(Worker):
             buf.update(next_obs=next_obs, terminated=terminated)
         else:
             buf["last_values"] = np.asarray(last_values, np.float32)
+        if human.active:
+            buf["intervened"] = human.intervened
         if before_publish is not None:
             before_publish()
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
-                                "successes": successes, "env_steps": T * N})  # fmt: skip
+                                "successes": successes, "env_steps": T * N, **human.summary()})  # fmt: skip
         return {"env_steps": T * N, "episodes": len(ep_returns)}
+
+
+class _HumanTally:
+    """What a human did during one rollout: flags per step, applied actions, take-overs, clean successes."""
+
+    def __init__(self, T: int, N: int):
+        self.active = False
+        self.intervened = np.zeros((T, N), bool)
+        self.takeovers = 0
+        self.clean_successes: list[float] = []  # per ended episode: succeeded with no intervention
+        self.episode_intervened: list[bool] = []
+
+    def record(self, t: int, res: Any, actions: np.ndarray) -> None:
+        """Flag step ``t``; where a human (or a hand-back blend) changed the action, store the applied one."""
+        self.active = True
+        self.intervened[t] = res.intervened
+        before = self.intervened[t - 1] if t > 0 else np.zeros_like(res.intervened)
+        self.takeovers += int(np.sum(res.intervened & ~before))
+        if res.applied_actions is not None:
+            applied = np.asarray(res.applied_actions, actions.dtype).reshape(actions[t].shape)
+            changed = ~np.isclose(applied, np.clip(actions[t], -1.0, 1.0)).reshape(len(applied), -1).all(-1)
+            actions[t][changed] = applied[changed]
+        self.episode_intervened += res.episode_intervened
+        if len(res.successes) == len(res.episode_intervened):
+            self.clean_successes += [
+                s * (not iv) for s, iv in zip(res.successes, res.episode_intervened, strict=True)
+            ]
+
+    def summary(self) -> dict[str, Any]:
+        if not self.active:
+            return {}
+        return {"human": {"intervened_steps": int(self.intervened.sum()), "takeovers": self.takeovers,
+                          "episode_intervened": self.episode_intervened,
+                          "clean_successes": self.clean_successes}}  # fmt: skip
 
 
 class RolloutWorker(Worker):
@@ -253,6 +322,13 @@ class LearnerWorker(Worker):
             out["policy_staleness"] = float(self.version - 1 - np.mean(versions))
         out["policy_version"] = self.version
         return out
+
+    def load_demos(self, spec: str, env_cfg: dict[str, Any], seed: int) -> dict[str, float]:
+        """Fill the learner's demo buffer from ``spec`` (``algo.demos``, e.g. ``scripted:20``) for the run's env."""
+        from rlinf_nb.envs.scripted import demo_transitions
+
+        transitions, stats = demo_transitions(spec, env_cfg, seed)
+        return {**stats, "transitions": float(self.learner.add_demos(transitions))}
 
     def get_weights(self) -> tuple[dict[str, np.ndarray], int]:
         return {k: v.detach().cpu().numpy() for k, v in self.policy.state_dict().items()}, self.version

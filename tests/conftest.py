@@ -51,3 +51,21 @@ def attached(cluster):
     import rlinf_nb as rl
 
     return rl.attach(start=False, quiet=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Kill whatever this session started and left running (a kernel, a browser, a driver).
+
+    A leaked child keeps the session's stdout open and can spin once the cluster is gone, so
+    the suite would never be seen to finish. Leaks are printed: each one is a bug to fix.
+    """
+    import psutil
+
+    leftovers = psutil.Process().children(recursive=True)
+    for proc in leftovers:
+        try:
+            print(f"\n[conftest] killing leftover process {proc.pid}: {' '.join(proc.cmdline())[:160]}")
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(leftovers, timeout=10)

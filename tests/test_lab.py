@@ -228,7 +228,14 @@ def test_notebook_runs_headless(cluster, session_home: Path, tmp_path: Path, pat
         resources={"metadata": {"path": str(path.parent)}},
     )
     env = dict(os.environ, RLINF_NB_HOME=str(session_home), RLINF_NB_CI="1")
-    client.execute(env=env)  # raises CellExecutionError naming the failing cell
+    try:
+        client.execute(env=env)  # raises CellExecutionError naming the failing cell
+    finally:
+        # nbclient leaves a kernel it did not create running: a leaked kernel keeps its Ray driver
+        # (and this session's stdout) alive after the suite, which once kept CI from ever finishing.
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+    assert not km.is_alive()
     errors = [
         out
         for cell in nb.cells

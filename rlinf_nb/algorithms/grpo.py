@@ -3,10 +3,13 @@
 All three share the PPO loop and a learner without a value loss:
 
 ``rollout``
-    env workers step their envs for ``rollout_steps`` steps. For GRPO/DAPO the runtime
-    resets every env at the start of the rollout, the ``group_size`` envs of one group
-    (envs ``g * group_size .. (g + 1) * group_size - 1``) with one shared seed, so the
-    ``k``-th episodes of a group's envs start from the same state.
+    env workers step their envs for ``rollout_steps`` steps. For GRPO/DAPO every env is
+    reset at the start of the rollout, the ``group_size`` envs of one group (global envs
+    ``g * group_size .. (g + 1) * group_size - 1``, counted over all env workers in rank
+    order) with one shared seed, so the ``k``-th episodes of a group's envs start from the
+    same state (for envs whose resets draw only from their seeded RNG). The seeds are fresh
+    every rollout and reproducible: :func:`group_reset_seeds` of the run seed and the
+    update step. Reinforce++ keeps its envs running across rollouts.
 ``advantages``
     GRPO: each episode's undiscounted return is normalised within its group
     (:func:`.advantages.grpo_advantages`) and given to every step of the episode; episodes
@@ -39,7 +42,7 @@ from . import functional as F
 from .registry import Algorithm, Stage, register_algorithm
 from .stages import rollout_stage, sync_weights_stage
 
-__all__ = ["DAPOConfig", "GRPOConfig", "GroupPolicyLearner", "ReinforcePPConfig"]
+__all__ = ["DAPOConfig", "GRPOConfig", "GroupPolicyLearner", "ReinforcePPConfig", "group_reset_seeds"]
 
 
 @dataclass
@@ -81,6 +84,16 @@ class GRPOConfig(_CriticFreeConfig):
     scale_by_std: bool = param(True, doc="divide by the group std (False = Dr. GRPO, centre only)")
     dynamic_sampling: bool = param(False, doc="drop groups whose returns are all equal (DAPO)")
 
+    def validate_run(self, run: Any) -> None:
+        """Groups are consecutive envs over all env workers: their count must be a multiple of group_size."""
+        total = run.env.num_envs * run.placement.env.num_workers
+        if total % self.group_size:
+            raise ConfigError(
+                "algo.group_size", self.group_size,
+                f"must divide the number of envs over all env workers (env.num_envs {run.env.num_envs} x "
+                f"placement.env.num_workers {run.placement.env.num_workers} = {total})",
+            )  # fmt: skip
+
 
 @dataclass
 class DAPOConfig(GRPOConfig):
@@ -110,6 +123,33 @@ class ReinforcePPConfig(_CriticFreeConfig):
     mask_unfinished: bool = param(
         False, doc="drop steps of episodes still running at the rollout's end (their return is partial)"
     )
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+def group_reset_seeds(run_seed: int, update_step: int, num_envs: int, group_size: int) -> list[int]:
+    """One reset seed per env, shared by the ``group_size`` consecutive envs of each group.
+
+    Fresh for every ``update_step`` and a pure function of ``(run_seed, update_step)``, so a
+    resumed run replays the same seeds. ``num_envs`` counts the envs of all env workers.
+    """
+    if group_size < 1 or num_envs % group_size:
+        raise ConfigError(
+            "algo.group_size", group_size, f"must divide the number of envs over all env workers ({num_envs})"
+        )
+    seq = np.random.SeedSequence([run_seed % 2**32, update_step, 0x9E0])  # 0x9E0 tags "GRPO reset seeds"
+    # < 2**31: every env's reset takes it
+    group_seeds = seq.generate_state(num_envs // group_size, dtype=np.uint32) >> 1
+    return [int(s) for s in np.repeat(group_seeds, group_size)]
+
+
+def group_rollout_stage(ctx: Any) -> dict[str, Any]:
+    """Reset every env (one seed per group, fresh each update), then step ``rollout_steps`` times."""
+    cfg = ctx.cfg
+    num_envs = cfg.env.num_envs * cfg.placement.env.num_workers
+    seeds = group_reset_seeds(cfg.seed, ctx.update_step, num_envs, ctx.hp.group_size)
+    return ctx.collect_rollout(ctx.hp.rollout_steps, reset_seeds=seeds)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -244,9 +284,14 @@ class GroupPolicyLearner:
         self.generator.set_state(state["generator"])
 
 
-def _stages(adv_doc: str) -> tuple[Stage, ...]:
+def _stages(adv_doc: str, grouped: bool) -> tuple[Stage, ...]:
+    rollout = (
+        Stage("rollout", group_rollout_stage, "reset the envs (one seed per group), then step them")
+        if grouped
+        else Stage("rollout", rollout_stage, "step the envs, acting with the rollout workers")
+    )
     return (
-        Stage("rollout", rollout_stage, "step the envs (groups reset with shared seeds), acting with the rollout workers"),
+        rollout,
         Stage("advantages", advantages_stage, adv_doc),
         Stage("update", update_stage, "clipped-surrogate minibatch epochs on the learner, no critic"),
         Stage("sync_weights", sync_weights_stage, "push the learner's weights to the rollout workers"),
@@ -254,14 +299,14 @@ def _stages(adv_doc: str) -> tuple[Stage, ...]:
 
 
 GRPO = register_algorithm(
-    Algorithm("grpo", GRPOConfig, _stages("episode returns normalised within each reset-seed group"),
+    Algorithm("grpo", GRPOConfig, _stages("episode returns normalised within each reset-seed group", True),
               GroupPolicyLearner, doc=__doc__ or "")  # fmt: skip
 )
 DAPO = register_algorithm(
-    Algorithm("dapo", DAPOConfig, _stages("group-relative advantages; groups with equal returns dropped"),
+    Algorithm("dapo", DAPOConfig, _stages("group-relative advantages; groups with equal returns dropped", True),
               GroupPolicyLearner, doc=__doc__ or "")  # fmt: skip
 )
 REINFORCE_PP = register_algorithm(
-    Algorithm("reinforcepp", ReinforcePPConfig, _stages("discounted returns-to-go, batch-normalised"),
+    Algorithm("reinforcepp", ReinforcePPConfig, _stages("discounted returns-to-go, batch-normalised", False),
               GroupPolicyLearner, doc=__doc__ or "")  # fmt: skip
 )

@@ -32,7 +32,7 @@ class OffPolicyResult:
         episode_returns: the return of every finished training episode, in order.
         reached_at: env step at which the running mean of the last ``window`` episode
             returns first reached ``target_return`` (``None`` if never).
-        metrics: the learner's metrics of the last update that ran gradient steps.
+        metrics: the latest value of each learner metric (actor metrics can skip updates under ``policy_delay``).
         learner: the trained learner (its ``policy`` is the actor).
     """
 
@@ -99,7 +99,7 @@ def train_offpolicy(
             cfg,
         )  # fmt: skip
         if out.get("updates", 0) > 0:
-            metrics = out
+            metrics = {**metrics, **out}
         ep_return += float(reward)
         obs = next_obs
         if terminated or truncated:

@@ -138,14 +138,32 @@ class ReplayBuffer:
         return {k: v[idx] for k, v in self.data.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to rebuild the buffer exactly (the stored data, oldest first)."""
-        return {"capacity": self.capacity, "size": self.size, "data": self.ordered()}
+        """Everything needed to rebuild the buffer exactly: the occupied slots as stored, and the write position."""
+        data = {} if self.data is None else {k: v[: self.size].copy() for k, v in self.data.items()}
+        return {"capacity": self.capacity, "size": self.size, "pos": self.pos, "data": data}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; the capacity may differ (newest data kept)."""
+        """Restore from :meth:`state_dict`.
+
+        With the same capacity the slots come back as they were, so sampling with the same
+        generator state draws the same transitions. With another capacity the data is
+        re-appended oldest first (the newest ``capacity`` kept).
+        """
         self.pos, self.size, self.data = 0, 0, None
-        if state["data"]:
-            self.extend(unflatten_fields(state["data"]))
+        data = state["data"]
+        if not data:
+            return
+        size, pos = int(state["size"]), int(state["pos"])
+        if int(state["capacity"]) == self.capacity:
+            self._allocate(data)
+            assert self.data is not None
+            for k, v in data.items():
+                self.data[k][:size] = v
+            self.size, self.pos = size, pos
+            return
+        start = pos if size == int(state["capacity"]) else 0
+        idx = (start + np.arange(size)) % size
+        self.extend(unflatten_fields({k: v[idx] for k, v in data.items()}))
 
 
 class MixedReplay:

@@ -144,9 +144,20 @@ class RLPDConfig(SACConfig):
     demo_fraction: float = param(0.5, doc="share of each batch drawn from the demo buffer", live=True,
                                  range=(0.0, 1.0))  # fmt: skip
     demo_buffer_size: int = param(1_000_000, doc="demo buffer capacity in transitions", range=(1, 1_000_000_000))
+    demos: str | None = param(
+        None,
+        doc="demo episodes loaded into the demo buffer at the start: 'scripted:<n>' = n successful episodes "
+        "of the env's scripted policy (rlinf_nb.envs.scripted); None = none (human interventions still join)",
+    )
 
     def validate(self) -> None:
         super().validate()
+        if self.demos is not None:
+            kind, _, arg = self.demos.partition(":")
+            if kind != "scripted" or not arg.isdigit() or int(arg) < 1:
+                raise ConfigError(
+                    "demos", self.demos, "expected 'scripted:<n>' with n >= 1 episodes, or None"
+                )
         if self.critic_subset > self.num_critics:
             raise ConfigError(
                 "critic_subset", self.critic_subset, f"must be <= num_critics ({self.num_critics})"
@@ -393,6 +404,10 @@ class SACLearner:
         return {k: v.detach().cpu().numpy() for k, v in self.policy.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
+        """A deep copy of everything a resumed run needs (networks, optimizers, replay, RNGs)."""
+        return copy.deepcopy(self._state())
+
+    def _state(self) -> dict[str, Any]:
         return {
             "policy": self.policy.state_dict(),
             "critic": self.critic.state_dict(),
@@ -467,10 +482,26 @@ class RLPDLearner(SACLearner):
     def __init__(self, policy: nn.Module, cfg: RLPDConfig, seed: int = 0, **kwargs: Any):
         super().__init__(policy, cfg, seed=seed, **kwargs)
         self.demos = ReplayBuffer(cfg.demo_buffer_size)
+        self.num_intervention_demos = 0
 
     def add_demos(self, batch: Mapping[str, Any]) -> int:
         """Append demonstration transitions (same fields as :meth:`add`) to the demo buffer."""
         return self.demos.extend(as_transitions(batch))
+
+    def add(self, batch: Mapping[str, Any]) -> int:
+        """Append to the online replay; transitions a human drove (``intervened``) also join the demos."""
+        n = super().add(batch)
+        if "intervened" in batch:
+            human = np.asarray(batch["intervened"], bool).reshape(-1)
+            if human.any():
+                self.demos.extend({k: v[human] for k, v in as_transitions(batch).items()})
+                self.num_intervention_demos += int(human.sum())
+        return n
+
+    def train(self, num_updates: int, cfg: OffPolicyConfig) -> dict[str, float]:
+        out = super().train(num_updates, cfg)
+        out.update(demo_size=float(len(self.demos)), intervention_demos=float(self.num_intervention_demos))
+        return out
 
     def sample_batch(self, cfg: RLPDConfig) -> dict[str, torch.Tensor]:  # type: ignore[override]
         mixed = MixedReplay([self.replay, self.demos], [1.0 - cfg.demo_fraction, cfg.demo_fraction])
@@ -483,12 +514,14 @@ class RLPDLearner(SACLearner):
     def _q_for_actor(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return OF.reduce_ensemble(self.critic(obs, actions), "mean")
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "demos": self.demos.state_dict()}
+    def _state(self) -> dict[str, Any]:
+        demos = {"demos": self.demos.state_dict(), "intervention_demos": self.num_intervention_demos}
+        return {**super()._state(), **demos}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.demos.load_state_dict(state["demos"])
+        self.num_intervention_demos = int(state.get("intervention_demos", 0))
 
 
 # ----------------------------------------------------------------------------- stages
@@ -504,8 +537,11 @@ def collect_stage(ctx: Any) -> dict[str, Any]:
 
 
 def update_stage(ctx: Any) -> dict[str, Any]:
-    """Send the new transitions to the learner: replay append, then ``utd`` gradient steps each."""
-    return ctx.learner_update(list(TRANSITION_KEYS))
+    """Send the new transitions to the learner: replay append, then ``utd`` gradient steps each.
+
+    ``intervened`` (robot envs with a human in the loop) travels along: RLPD puts those into its demos.
+    """
+    return ctx.learner_update([*TRANSITION_KEYS, "intervened"])
 
 
 def _offpolicy_stages(update_doc: str) -> tuple[Stage, ...]:

@@ -44,6 +44,10 @@ class StepResult:
     episode_returns: list[float] = field(default_factory=list)  # of episodes that ended this step
     episode_lengths: list[int] = field(default_factory=list)
     successes: list[float] = field(default_factory=list)  # where the env reports "success"
+    # Human in the loop (robot envs with an intervention; None elsewhere):
+    intervened: np.ndarray | None = None  # bool [N]: the human drove this step
+    applied_actions: np.ndarray | None = None  # [N, A]: the actions really sent (human, blend or agent)
+    episode_intervened: list[bool] = field(default_factory=list)  # per ended episode: any step intervened
 
 
 class VecEnv:
@@ -67,12 +71,20 @@ class VecEnv:
         self._seed = seed
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
+        self._ep_intervened = np.zeros(num_envs, dtype=bool)
 
-    def reset(self, seed: int | None = None) -> np.ndarray:
+    def reset(self, seed: int | list[int] | None = None) -> np.ndarray:
+        """Reset every env; ``seed``: int (env ``i`` gets ``seed + i``), one seed per env, or None (the env's seed)."""
         obs, _ = self._env.reset(seed=seed if seed is not None else self._seed)
         self._returns[:] = 0
         self._lengths[:] = 0
+        self._ep_intervened[:] = False
         return obs
+
+    @property
+    def envs(self) -> list[gym.Env]:
+        """The sub-envs (unwrapped of gymnasium's wrappers), e.g. to pass human commands to a robot env."""
+        return [e.unwrapped for e in self._env.envs]
 
     def step(self, action: np.ndarray) -> StepResult:
         obs, reward, terminated, truncated, info = self._env.step(action)
@@ -81,6 +93,11 @@ class VecEnv:
         self._lengths += 1
         done = np.logical_or(terminated, truncated)
         result = StepResult(obs, reward, np.asarray(terminated, bool), np.asarray(truncated, bool), None)
+        intervened = _step_info(info, "intervened", done)
+        if intervened is not None:
+            result.intervened = intervened.astype(bool)
+            result.applied_actions = _step_info(info, "applied_action", done)
+            self._ep_intervened |= result.intervened
         if done.any():
             final = np.zeros_like(obs)
             mask = info.get("_final_obs", done)
@@ -93,8 +110,11 @@ class VecEnv:
             final_info = info.get("final_info", {})
             if isinstance(final_info, dict) and "success" in final_info:
                 result.successes = [float(s) for s in np.asarray(final_info["success"])[done]]
+            if intervened is not None:
+                result.episode_intervened = self._ep_intervened[done].tolist()
             self._returns[done] = 0
             self._lengths[done] = 0
+            self._ep_intervened[done] = False
         return result
 
     def render(self) -> np.ndarray | None:
@@ -107,13 +127,32 @@ class VecEnv:
         self._env.close()
 
 
+def _step_info(info: dict[str, Any], key: str, done: np.ndarray) -> np.ndarray | None:
+    """``key`` of each sub-env's *step* info (same-step autoreset moves it to ``final_info`` where done)."""
+    final = info.get("final_info", {})
+    if key not in info and not (isinstance(final, dict) and key in final):
+        return None
+    if key in info:
+        out = np.array(info[key])
+    else:
+        out = np.zeros_like(np.asarray(final[key]))
+    if done.any() and isinstance(final, dict) and key in final:
+        out[done] = np.asarray(final[key])[done]
+    return out
+
+
 @register_env_backend("gym")
 def _gym_backend(env_id: str, num_envs: int, seed: int | None, **kwargs: Any) -> VecEnv:
     return VecEnv(env_id, num_envs, seed, **kwargs)
 
 
-def make_env(spec: str, num_envs: int = 1, seed: int | None = None, **kwargs: Any) -> VecEnv:
+def make_env(
+    spec: str, num_envs: int = 1, seed: int | None = None, link: Any = None, **kwargs: Any
+) -> VecEnv:
     """Make ``num_envs`` envs from ``spec`` (``"CartPole-v1"``, ``"gym:Pendulum-v1"``, ...).
+
+    ``link``: observation/action delays (a :class:`~rlinf_nb.link.LinkConfig` or its mapping), see
+    :mod:`rlinf_nb.envs.latency`.
 
     Raises:
         ValueError: for an unknown backend prefix (listing the known ones) or env id.
@@ -128,6 +167,11 @@ def make_env(spec: str, num_envs: int = 1, seed: int | None = None, **kwargs: An
         raise ValueError(f"make_env: unknown env backend {prefix!r} in {spec!r}; known backends: {known}")
     if num_envs < 1:
         raise ValueError(f"make_env: num_envs must be >= 1, got {num_envs}")
+    if link is not None:
+        from rlinf_nb.envs.latency import apply_link, link_config
+
+        link = link_config(link)  # validated before the env is made
+        return apply_link(_BACKENDS[prefix](env_id, num_envs, seed, **kwargs), link, seed)
     return _BACKENDS[prefix](env_id, num_envs, seed, **kwargs)
 
 

@@ -14,9 +14,11 @@ is one ``robot.tick()`` (one control period: simulated on mock robots, slept on 
 Observations (``obs_mode``): ``state`` is one float32 vector (joints, end effector,
 gripper, then the task's part); ``dict`` adds every camera image under its path.
 
-An ``intervention`` (hook point for the human-in-the-loop slice) may replace the
-agent's action each step; :class:`TeleopIntervention` does so while a teleop device
-says "take over". Replaced steps have ``info["intervened"] = True``.
+An ``intervention`` may replace the agent's action each step: ``human={...}`` builds a
+:class:`~rlinf_nb.envs.human.HumanInTheLoop` (teleop take-over, notebook commands, a scripted
+human, blended hand-back, success/failure marks); :class:`TeleopIntervention` is the bare
+teleop one. Each step's ``info`` has ``intervened`` (the human drove), ``human_weight`` and
+``applied_action`` (what was sent: store that, not the agent's action).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlinf_nb.envs import VecEnv, register_env_backend
+from rlinf_nb.envs.human import HumanInTheLoop, HumanStep, as_human_step
 from rlinf_nb.robots.components import Camera, Gripper, TeleopState
 from rlinf_nb.robots.errors import EStopLatchedError, SpecError
 from rlinf_nb.robots.kinematics import dls_step
@@ -76,9 +79,9 @@ class RobotEnvConfig:
 
 
 class Intervention(Protocol):
-    """Hook: return an action in [-1, 1] to replace the agent's, or None to let it through."""
+    """Hook: return an action in [-1, 1] to replace the agent's (or a HumanStep), or None to let it through."""
 
-    def __call__(self, env: RobotEnv, action: np.ndarray) -> np.ndarray | None: ...
+    def __call__(self, env: RobotEnv, action: np.ndarray) -> np.ndarray | HumanStep | None: ...
 
 
 class TeleopIntervention:
@@ -124,6 +127,7 @@ class RobotEnv(gym.Env):
         task: str | Task = "reach",
         render_mode: str | None = None,
         intervention: Intervention | None = None,
+        human: Mapping[str, Any] | None = None,
         robot_overrides: Mapping[str, Any] | None = None,
         **options: Any,
     ):
@@ -143,7 +147,9 @@ class RobotEnv(gym.Env):
         self.task = task if isinstance(task, Task) else make_task(task, self.robot, **task_opts)
         self.arm = self.task.arm
         self.render_mode = render_mode
-        self.intervention = intervention
+        if intervention is not None and human is not None:
+            raise SpecError("RobotEnv: give either intervention= or human=, not both")
+        self.intervention = HumanInTheLoop(human) if human is not None else intervention
         self.metadata = {**self.metadata, "render_fps": self.robot.spec.control_hz}
         cfg = self.config
         if cfg.action_mode == "ee_delta" and not self.arm.has_kinematics:
@@ -193,6 +199,8 @@ class RobotEnv(gym.Env):
         self.task.reset(self.np_random)
         self._steps = 0
         self.last_teleop = {}
+        if hasattr(self.intervention, "reset"):
+            self.intervention.reset(self)
         return self._observation(), {"success": False}
 
     def step(self, action: Any):
@@ -202,26 +210,39 @@ class RobotEnv(gym.Env):
                 f"RobotEnv.step: expected an action of shape {self.action_space.shape}, got {a.shape}"
             )
         a = np.clip(a, -1.0, 1.0)
-        intervened = False
-        if self.intervention is not None:
-            override = self.intervention(self, a)
-            if override is not None:
-                a, intervened = np.clip(np.asarray(override, dtype=np.float64), -1.0, 1.0), True
+        human = as_human_step(self.intervention(self, a) if self.intervention is not None else None)
+        if human.action is not None:
+            a = np.clip(human.action, -1.0, 1.0)
         self._apply(a)
         self.last_teleop = self.robot.tick()
         self._steps += 1
         ev = self.task.evaluate()
-        terminated = bool((ev.success and self.task.config.terminate_on_success) or ev.failure)
+        success, reward = ev.success, ev.reward
+        if human.mark is not None:  # the human's verdict ends the episode
+            success = human.mark == "success"
+            cfg = getattr(self.intervention, "config", None)
+            reward = float(getattr(cfg, f"{human.mark}_reward", 1.0 if success else 0.0))
+        terminated = bool((success and self.task.config.terminate_on_success) or ev.failure or human.mark)
         truncated = bool(self._steps >= self.task.config.max_steps or self.robot.estopped)
         report = self.arm.last_report
         info = {
-            "success": ev.success,
-            "intervened": intervened,
+            "success": success,
+            "intervened": human.weight >= 1.0,
+            "human_weight": float(human.weight),
+            "applied_action": a.astype(np.float32),
             "estop": self.robot.estopped,
             "safety_clipped": report.clipped if report is not None else (),
             **ev.info,
         }
-        return self._observation(), ev.reward, terminated, truncated, info
+        return self._observation(), reward, terminated, truncated, info
+
+    def human_command(self, cmd: Mapping[str, Any]) -> None:
+        """Pass a notebook/dashboard command (take_over, action, hand_back, mark) to the human in the loop."""
+        if not isinstance(self.intervention, HumanInTheLoop):
+            raise SpecError(
+                "RobotEnv: this env has no human in the loop; make it with human={} (env.kwargs.human in a run)"
+            )
+        self.intervention.command(cmd)
 
     def render(self) -> np.ndarray | None:
         if self.render_mode != "rgb_array" or not self.cameras:

@@ -1,0 +1,136 @@
+"""Scripted policies shipped with the package, and demo episodes recorded from them.
+
+A scripted policy maps a batch of state observations to actions with no learning: a
+reference for tests and a source of demonstrations for RLPD (``algo.demos: scripted:<n>``).
+
+* ``PushCube-v1`` (ManiSkill, ``obs_mode="state"``, ``control_mode="pd_ee_delta_pos"``): a
+  proportional controller on the tool centre point (TCP). It closes the gripper, moves the
+  TCP above a point behind the cube (on the side away from the goal), lowers it to the
+  cube's height and pushes the cube toward the goal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from rlinf_nb.config import ConfigError
+
+__all__ = ["SCRIPTED_POLICIES", "demo_transitions", "pushcube_policy", "scripted_episodes"]
+
+# PushCube-v1 state layout (35 dims): qpos 0:9, qvel 9:18, tcp pose 18:25, goal pos 25:28, cube pose 28:35.
+_TCP, _GOAL, _CUBE = slice(18, 21), slice(25, 28), slice(28, 31)
+_HALF = 0.02  # PushCube's cube half size (m)
+
+
+def pushcube_policy(obs: np.ndarray, gain: float = 10.0) -> np.ndarray:
+    """Actions ``float32 [N, 4]`` (TCP delta xyz, gripper) for PushCube state observations ``[N, 35]``.
+
+    ``pd_ee_delta_pos`` maps an action of 1 to 0.1 m, so ``gain=10`` closes the whole gap in
+    one step (clipped to the action bounds).
+    """
+    obs = np.asarray(obs, dtype=np.float32).reshape(-1, 35)
+    tcp, goal, cube = obs[:, _TCP], obs[:, _GOAL], obs[:, _CUBE]
+    direction = goal[:, :2] - cube[:, :2]
+    direction /= np.maximum(np.linalg.norm(direction, axis=1, keepdims=True), 1e-6)
+    behind = cube.copy()
+    behind[:, :2] -= direction * (_HALF + 0.015)
+    # How far the TCP is from the push line behind the cube (sideways) and whether it is in front.
+    rel = tcp[:, :2] - cube[:, :2]
+    along = np.sum(rel * direction, axis=1)
+    across = np.linalg.norm(rel - along[:, None] * direction, axis=1)
+    aligned = (along < -_HALF) & (across < 0.01)
+    low = np.abs(tcp[:, 2] - cube[:, 2]) < 0.01
+    target = behind.copy()
+    target[:, 2] = np.where(aligned, cube[:, 2], cube[:, 2] + 0.05)  # come from above, then go down
+    pushing = aligned & low
+    push_to = goal.copy()
+    push_to[:, :2] -= direction * _HALF * 0.5
+    push_to[:, 2] = cube[:, 2]
+    target = np.where(pushing[:, None], push_to, target)
+    action = np.zeros((len(obs), 4), np.float32)
+    action[:, :3] = np.clip(gain * (target - tcp), -1.0, 1.0)
+    action[:, 3] = -1.0  # gripper closed: a flat pushing surface
+    return action
+
+
+SCRIPTED_POLICIES: dict[str, tuple[Callable[[np.ndarray], np.ndarray], dict[str, Any]]] = {
+    # env id -> (policy, env kwargs it needs)
+    "maniskill:PushCube-v1": (pushcube_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pos"}),
+}
+
+
+def scripted_episodes(
+    env_id: str, episodes: int, seed: int = 0, successful_only: bool = True, max_tries: int | None = None,
+    **env_kwargs: Any,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:  # fmt: skip
+    """Transitions of ``episodes`` episodes of the scripted policy of ``env_id`` (one env, seeded).
+
+    Returns ``(transitions, stats)``: ``obs``, ``actions``, ``rewards``, ``next_obs`` (the true
+    last observation at an episode's end) and ``terminated``, each ``[n, ...]``; ``stats`` has
+    ``episodes``, ``tried`` and ``success_rate`` (over the episodes tried). With
+    ``successful_only``, failed episodes are dropped and more are played, up to ``max_tries``
+    (default ``3 * episodes``).
+    """
+    from rlinf_nb.envs import make_env
+
+    if env_id not in SCRIPTED_POLICIES:
+        raise ValueError(f"no scripted policy for {env_id!r}; scripted envs: {', '.join(SCRIPTED_POLICIES)}")
+    policy, needed = SCRIPTED_POLICIES[env_id]
+    for key, value in needed.items():
+        if env_kwargs.get(key, value) != value:
+            raise ValueError(
+                f"the scripted policy of {env_id!r} needs {key}={value!r}, got {env_kwargs[key]!r}"
+            )
+    env = make_env(env_id, 1, seed=seed, **{**env_kwargs, **needed})
+    max_tries = max_tries if max_tries is not None else 3 * episodes
+    kept: list[dict[str, list]] = []
+    tried = successes = 0
+    obs = env.reset()
+    ep: dict[str, list] = {k: [] for k in ("obs", "actions", "rewards", "next_obs", "terminated")}
+    try:
+        while len(kept) < episodes and tried < max_tries:
+            action = policy(obs)
+            res = env.step(action)
+            done = bool(res.terminated[0] or res.truncated[0])
+            next_obs = res.final_obs if done else res.obs
+            for key, value in (("obs", obs[0]), ("actions", action[0]), ("rewards", res.reward[0]),
+                               ("next_obs", next_obs[0]), ("terminated", res.terminated[0])):  # fmt: skip
+                ep[key].append(value)
+            obs = res.obs
+            if done:
+                tried += 1
+                success = bool(res.successes[0]) if res.successes else False
+                successes += success
+                if success or not successful_only:
+                    kept.append(ep)
+                ep = {k: [] for k in ep}
+    finally:
+        env.close()
+    if not kept:
+        raise RuntimeError(f"the scripted policy of {env_id!r} succeeded in none of {tried} episodes")
+    out = {k: np.concatenate([np.asarray(e[k]) for e in kept]) for k in kept[0]}
+    out["terminated"] = out["terminated"].astype(bool)
+    return out, {
+        "episodes": float(len(kept)),
+        "tried": float(tried),
+        "success_rate": successes / max(1, tried),
+    }
+
+
+def demo_transitions(
+    spec: str, env_cfg: Mapping[str, Any], seed: int = 0
+) -> tuple[dict[str, np.ndarray], dict]:
+    """The demo transitions named by ``spec`` for the run's env (``env_cfg``: the run's ``env`` section).
+
+    ``"scripted:<n>"``: ``n`` successful episodes of the env's scripted policy, seeded apart from
+    the run's own envs.
+    """
+    kind, _, arg = spec.partition(":")
+    if kind != "scripted" or not arg.isdigit() or int(arg) < 1:
+        raise ConfigError("algo.demos", spec, "expected 'scripted:<n>' with n >= 1 episodes")
+    kwargs = dict(env_cfg.get("kwargs") or {})
+    kwargs.pop("render_mode", None)
+    return scripted_episodes(env_cfg["id"], int(arg), seed=seed + 1_000_003, **kwargs)

@@ -1,0 +1,203 @@
+"""Packaged recipes: every one builds into a valid RunConfig; the new ones run on the cluster; slow
+tests check that each reaches what its header promises.
+
+Fast (no cluster): names, validation, overrides. Cluster smoke: every new recipe for a tiny
+budget, all launched at once (one cluster for the module). Slow (``-m slow``): learning runs with
+the recipes as shipped, asserting the threshold each recipe stops at.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from rlinf_nb import recipes
+from rlinf_nb.client import resolve_config
+from rlinf_nb.config import ConfigError
+from rlinf_nb.run_config import RunConfig
+
+NEW = ["sac_pendulum", "crossq_pendulum", "grpo_cartpole", "reinforcepp_cartpole",
+       "ppo_pushcube", "ppo_pickcube", "rlpd_pushcube"]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- fast: configs
+
+
+def test_expected_recipes_are_packaged():
+    assert set(NEW) | {"ppo_cartpole"} <= set(recipes.names())
+
+
+@pytest.mark.parametrize("name", recipes.names())
+def test_every_recipe_builds_a_valid_run_config_with_a_stop_threshold(name):
+    cfg = resolve_config(name)  # what rl.launch validates with, without launching
+    assert isinstance(cfg, RunConfig)
+    assert (
+        cfg.budget.stop_metric in ("episode_return_mean", "success_rate")
+        and cfg.budget.stop_value is not None
+    )
+    header = resources.files(recipes).joinpath(f"{name}.yaml").read_text().splitlines()[0]
+    assert header.startswith("# ") and len(header) > 40, header  # says what it does and reaches
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_recipes_take_num_envs_and_env_workers_overrides(name):
+    # GRPO needs the env count to be a multiple of its group size: 2 x 4 envs and groups of 4.
+    extra = {"algo__group_size": 4} if name == "grpo_cartpole" else {}
+    cfg = resolve_config(name, num_envs=4, env_workers=2, seed=3, **extra)
+    assert (cfg.env.num_envs, cfg.placement.env.num_workers, cfg.seed) == (4, 2, 3)
+    assert resolve_config(name, env__num_envs=4, placement__env__num_workers=2, **extra).env.num_envs == 4
+
+
+def test_a_bad_override_names_the_key_path():
+    with pytest.raises(ConfigError, match=r"^algo\.lr: got -1"):
+        resolve_config("sac_pendulum", algo__lr=-1)
+    with pytest.raises(ConfigError, match=r"algo\.nope"):
+        resolve_config("ppo_pushcube", algo__nope=1)
+    with pytest.raises(ConfigError, match=r"^algo\.demos: got 'scripted:zero'"):
+        resolve_config("rlpd_pushcube", algo__demos="scripted:zero")
+    with pytest.raises(ConfigError, match=r"^algo\.group_size: got 8; must divide"):
+        resolve_config("grpo_cartpole", num_envs=4)
+    with pytest.raises(ConfigError, match=r"^recipe: got 'sac_pendulm'"):
+        resolve_config("sac_pendulm")
+
+
+# ----------------------------------------------------------------------------- cluster smoke
+
+# Tiny budgets: a couple of updates each, gradient steps reached, small CPU reservations so that all
+# runs fit on the cluster at once (they share the two cores; they all start together).
+SMALL = {"placement__env__num_cpus": 0.05, "placement__rollout__num_cpus": 0.05,
+         "placement__actor__num_cpus": 0.05, "budget__stop_metric": None, "budget__stop_value": None,
+         "checkpoint__every": 0, "linger_s": 600}  # fmt: skip
+SMOKE = {
+    "sac_pendulum": {"budget__total_env_steps": 192, "algo__learning_starts": 64, "algo__batch_size": 32},
+    "crossq_pendulum": {"budget__total_env_steps": 192, "algo__learning_starts": 64, "algo__batch_size": 32},
+    # 2 env workers x 6 envs, groups of 4: group 1 spans both workers
+    "grpo_cartpole": {
+        "budget__total_env_steps": 1,
+        "num_envs": 6,
+        "env_workers": 2,
+        "algo__group_size": 4,
+        "algo__rollout_steps": 64,
+    },  # fmt: skip
+    "reinforcepp_cartpole": {"budget__total_env_steps": 1, "algo__rollout_steps": 64},
+    "ppo_pushcube": {
+        "budget__total_env_steps": 64,
+        "num_envs": 2,
+        "env_workers": 1,
+        "algo__rollout_steps": 16,
+    },
+    "ppo_pickcube": {
+        "budget__total_env_steps": 32,
+        "num_envs": 2,
+        "env_workers": 1,
+        "algo__rollout_steps": 16,
+    },
+    "rlpd_pushcube": {
+        "budget__total_env_steps": 96,
+        "num_envs": 2,
+        "algo__demos": "scripted:2",
+        "algo__learning_starts": 16,
+        "algo__batch_size": 32,
+        "algo__utd": 0.5,
+    },  # fmt: skip
+}
+LOSSES = {"sac_pendulum": ["critic_loss", "actor_loss"], "crossq_pendulum": ["critic_loss", "actor_loss"],
+          "grpo_cartpole": ["policy_loss"], "reinforcepp_cartpole": ["policy_loss"],
+          "ppo_pushcube": ["policy_loss", "value_loss"], "ppo_pickcube": ["policy_loss", "value_loss"],
+          "rlpd_pushcube": ["critic_loss", "actor_loss"]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(attached):
+    """Every new recipe launched at once for a tiny budget; their finished handles by recipe name."""
+    import rlinf_nb as rl
+
+    tag = uuid.uuid4().hex[:6]
+    runs = {name: rl.launch(name, name=f"smoke_{name}_{tag}", **SMALL, **SMOKE[name]) for name in NEW}
+    for run in runs.values():
+        run.wait(timeout=600, progress=False)
+    return runs
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", NEW)
+def test_new_recipe_runs_on_the_cluster_with_finite_losses(smoke_runs, name):
+    run = smoke_runs[name]
+    st = run.status()
+    assert st["state"] == "finished", st["error"]
+    df = run.metrics()
+    assert len(df) >= 1 and df["env_steps"].iloc[-1] >= SMOKE[name]["budget__total_env_steps"]
+    for key in LOSSES[name]:
+        values = df[key].dropna() if key in df else []
+        assert len(values) and all(math.isfinite(v) for v in values), (key, df.columns.tolist())
+    if name == "rlpd_pushcube":
+        demos = run.events().query("kind == 'demos'")
+        assert len(demos) == 1 and demos["episodes"].iloc[0] == 2 and demos["transitions"].iloc[0] > 0
+        assert df["demo_size"].iloc[-1] == demos["transitions"].iloc[0]
+
+
+@pytest.mark.timeout(900)
+def test_grpo_rollout_on_the_cluster_starts_each_group_from_one_state(smoke_runs):
+    """The last GRPO batch: the first observations of a group's envs are equal, groups differ,
+    also for the group whose envs live on two env workers."""
+    obs0 = smoke_runs["grpo_cartpole"].batch().to_local(["obs"])["obs"][0]  # [12, 4]
+    groups = np.asarray(obs0).reshape(3, 4, -1)
+    assert (groups == groups[:, :1]).all()
+    assert len({tuple(g[0]) for g in groups}) == 3
+
+
+# ----------------------------------------------------------------------------- slow: learning
+
+
+def _learn(name: str, metric: str, threshold: float, timeout: float) -> None:
+    import rlinf_nb as rl
+
+    t0 = time.time()
+    run = rl.launch(name, name=f"learn_{name}_{uuid.uuid4().hex[:6]}", linger_s=60)
+    st = run.wait(timeout=timeout, progress=False)
+    df = run.metrics()
+    reached = df[metric].iloc[-1]
+    print(f"\n{name}: {metric}={reached:.3f} at {int(df['env_steps'].iloc[-1])} env steps, "
+          f"{len(df)} updates, {time.time() - t0:.0f} s wall (launch included)")  # fmt: skip
+    assert st["state"] == "finished", st["error"]
+    assert reached >= threshold, df[["env_steps", metric]].tail(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("attached")
+def test_sac_pendulum_learns():
+    _learn("sac_pendulum", "episode_return_mean", -250, timeout=1500)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("attached")
+def test_crossq_pendulum_learns():
+    _learn("crossq_pendulum", "episode_return_mean", -250, timeout=1500)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("attached")
+def test_grpo_cartpole_learns():
+    _learn("grpo_cartpole", "episode_return_mean", 475, timeout=1500)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("attached")
+def test_reinforcepp_cartpole_learns():
+    _learn("reinforcepp_cartpole", "episode_return_mean", 475, timeout=1500)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.usefixtures("attached")
+def test_ppo_pushcube_learns():
+    _learn("ppo_pushcube", "success_rate", 0.8, timeout=3000)
