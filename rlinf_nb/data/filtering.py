@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlinf_nb.data import shards
 from rlinf_nb.data.lerobot_io import open_dataset, open_metadata, quiet_datasets, repo_id_for, require_dataset
+from rlinf_nb.data.scheduling import normal_scheduling
 from rlinf_nb.data.summaries import EpisodeSummary, episode_summaries
 
 __all__ = ["filter_dataset", "select_episodes", "where_predicate"]
@@ -142,7 +143,8 @@ def filter_dataset(
             from lerobot.datasets.dataset_tools import delete_episodes
 
             quiet_datasets()
-            delete_episodes(open_dataset(src), drop, output_dir=tmp, repo_id=repo_id_for(out))
+            with normal_scheduling():  # it re-encodes videos
+                delete_episodes(open_dataset(src), drop, output_dir=tmp, repo_id=repo_id_for(out))
         else:
             shutil.copytree(src, tmp)
         tmp.rename(out)

@@ -42,6 +42,7 @@ from rlinf_nb.config import ConfigError, build, param, to_dict
 from rlinf_nb.data import shards
 from rlinf_nb.data.features import DONE, SUCCESS, convert_frame, normalize_features
 from rlinf_nb.data.lerobot_io import open_metadata, quiet_datasets
+from rlinf_nb.data.scheduling import normal_scheduling
 
 __all__ = ["Recorder", "RecorderConfig"]
 
@@ -198,7 +199,8 @@ class Recorder:
             raise ValueError(f"add_frame: 'task' must be a string, got {type(task).__name__}")
         if self._ds is None:
             self._open_shard()
-        self._ds.add_frame({**values, "task": task})
+        with normal_scheduling():  # streaming video encoding starts here
+            self._ds.add_frame({**values, "task": task})
         self._frames_in_episode += 1
 
     def end_episode(
@@ -237,7 +239,8 @@ class Recorder:
         with warnings.catch_warnings():
             # LeRobot's stats histogram casts bool features to uint8 and warns each episode.
             warnings.filterwarnings("ignore", "Converting input from bool", RuntimeWarning)
-            self._ds.save_episode()
+            with normal_scheduling():
+                self._ds.save_episode()
         index = self.episodes_written
         self._shard_episodes += 1
         self._shard_frames += n
