@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 import rlinf_nb as rl
+from rlinf_nb.algorithms.sac import sac_policy_kwargs
 
 pytestmark = pytest.mark.usefixtures("attached")
 
@@ -25,15 +26,7 @@ def hil_config(total: int) -> dict:
                 "human": {"teleop": None, "blend_steps": 2, "scripted": {"every": 2, "start": 0, "steps": 8}},
             },
         },
-        "policy": {
-            "name": "mlp",
-            "kwargs": {
-                "action_head": "squashed_gaussian",
-                "hidden_sizes": [64, 64],
-                "activation": "relu",
-                "ortho_init": False,
-            },
-        },  # fmt: skip
+        "policy": {"name": "mlp", "kwargs": sac_policy_kwargs([64, 64])},
         "algo": {"collect_steps": 20, "learning_starts": 80, "batch_size": 32, "utd": 0.25},
         "budget": {"total_env_steps": total, "stop_metric": None, "stop_value": None},
         "checkpoint": {"every": 0},

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import rlinf_nb as rl
+from rlinf_nb.algorithms.sac import sac_policy_kwargs
 
 pytestmark = pytest.mark.usefixtures("attached")
 
@@ -18,15 +19,7 @@ def sac_config(total: int) -> dict:
     return {
         "algorithm": "sac",
         "env": {"id": "Pendulum-v1", "num_envs": 4},
-        "policy": {
-            "name": "mlp",
-            "kwargs": {
-                "action_head": "squashed_gaussian",
-                "hidden_sizes": [64, 64],
-                "activation": "relu",
-                "ortho_init": False,
-            },
-        },  # fmt: skip
+        "policy": {"name": "mlp", "kwargs": sac_policy_kwargs([64, 64])},
         "algo": {"collect_steps": 16, "learning_starts": 256, "batch_size": 64, "utd": 0.25},
         "budget": {"total_env_steps": total, "stop_metric": None, "stop_value": None},
         "checkpoint": {"every": 10},
