@@ -208,6 +208,10 @@ class RunControllerImpl:
         if demos:  # a resumed run's checkpoint replaces the demo buffer with its own copy
             stats = self.groups["actor"].call("load_demos", demos, env_dict, cfg.seed).get(timeout=900)[0]
             self.event("demos", source=demos, **stats)
+        dataset = getattr(cfg.algo, "dataset", None)
+        if dataset:  # an offline learner's dataset (BC): loaded on the learner, recorded on first use
+            stats = self.groups["actor"].call("load_dataset", dataset, env_dict, cfg.seed, cfg.algo).get(timeout=1800)[0]
+            self.event("dataset", source=dataset, **stats)
         if self.resume:
             self._restore()
         self.sync_weights()

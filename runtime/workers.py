@@ -330,8 +330,15 @@ class LearnerWorker(Worker):
         transitions, stats = demo_transitions(spec, env_cfg, seed)
         return {**stats, "transitions": float(self.learner.add_demos(transitions))}
 
+    def load_dataset(self, spec: str, env_cfg: dict[str, Any], seed: int, algo_cfg: Any) -> dict[str, Any]:
+        """Load the learner's training dataset (``algo.dataset``, e.g. BC's) for the run's env."""
+        return self.learner.load_dataset(spec, env_cfg, seed, algo_cfg)
+
     def get_weights(self) -> tuple[dict[str, np.ndarray], int]:
-        return {k: v.detach().cpu().numpy() for k, v in self.policy.state_dict().items()}, self.version
+        # A learner that reshapes the policy (LoRA adapters) exports the plain weights itself.
+        export = getattr(self.learner, "export_weights", None)
+        state = export() if export is not None else self.policy.state_dict()
+        return {k: v.detach().cpu().numpy() for k, v in state.items()}, self.version
 
     def state_dict(self) -> dict[str, Any]:
         return {

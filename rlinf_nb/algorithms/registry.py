@@ -58,4 +58,4 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 def _load_builtin() -> None:
-    from rlinf_nb.algorithms import grpo, ppo, sac  # noqa: F401 - each registers itself
+    from rlinf_nb.algorithms import bc, grpo, ppo, sac  # noqa: F401 - each registers itself

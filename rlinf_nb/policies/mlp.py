@@ -166,6 +166,15 @@ class ActorCritic(ActorCriticAPI):
         yield from self.critic_body.parameters()
         yield from self.critic_head.parameters()
 
+    def lora_targets(self) -> list[str]:
+        """The actor's linear layers: where LoRA adapters go (:mod:`rlinf_nb.policies.lora`)."""
+        return [
+            f"{part}.{name}" if name else part
+            for part in ("actor_body", "actor_head")
+            for name, module in getattr(self, part).named_modules()
+            if isinstance(module, nn.Linear)
+        ]
+
     # ------------------------------------------------------------------ forward pieces
 
     def _flat(self, obs: Tensor) -> Tensor:
