@@ -56,7 +56,9 @@ def main() -> None:
         print(f"{'dashboard closed':<18}{' '.join(f'{x:7.0f}' for x in closed):<40}{c:8.0f}")
         print(f"{'dashboard open':<18}{' '.join(f'{x:7.0f}' for x in opened):<40}{o:8.0f}")
         per_s = statistics.median(costs) / (args.phase_seconds + args.settle)
-        print(f"open / closed = {o / c:.3f}   (target >= 0.95)   kernel-side poller time: {per_s:.1%} of a core")
+        print(
+            f"open / closed = {o / c:.3f}   (target >= 0.95)   kernel-side poller time: {per_s:.1%} of a core"
+        )
         print("poller seconds per task (last open phase):", per_task)
     finally:
         run.stop(timeout=120)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -92,11 +93,30 @@ def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | No
             )
         ray.kill(existing)
         _wait_gone(name)
+    algorithm = _shippable_algorithm(cfg.algorithm)
     RunController.options(name=actor_name(name), namespace=cluster.NAMESPACE, lifetime="detached",
-                          max_restarts=0).remote(name, to_dict(cfg), resume)  # fmt: skip
+                          max_restarts=0).remote(name, to_dict(cfg), resume, algorithm)  # fmt: skip
     run = Run(name)
     run._wait_started()
     return run
+
+
+def _shippable_algorithm(name: str) -> Any:
+    """The registered algorithm ``name``, checked to pickle: the controller installs this copy, so an
+    algorithm defined in a notebook cell (pickled by value) runs on the cluster."""
+    import cloudpickle
+
+    from rlinf_nb.algorithms.registry import get_algorithm
+
+    algo = get_algorithm(name)
+    try:
+        cloudpickle.dumps(algo)
+    except Exception as exc:  # noqa: BLE001 - re-raised with what to fix
+        raise TypeError(
+            f"algorithm {name!r} cannot be sent to the cluster: its config class, stages or learner do not "
+            f"pickle ({type(exc).__name__}: {exc}); keep them free of open files, locks and widgets"
+        ) from exc
+    return algo
 
 
 def _check_name(name: str) -> None:
@@ -179,6 +199,23 @@ class Run:
             return f"<Run {self.name!r} {st['state']} step={st['update_step']} env_steps={st['env_steps']}>"
         except Exception:  # noqa: BLE001 - repr must not raise
             return f"<Run {self.name!r}>"
+
+    @property
+    def path(self) -> Path:
+        """The run directory (``RLINF_NB_HOME/runs/<name>``): config, logs, checkpoints, ``data/``."""
+        return self.run_dir.path
+
+    def recording(self, out: str | Path | None = None) -> Path:
+        """Merge what the run recorded (``record:``, one root per env worker under ``data/``) into
+        one LeRobot dataset at ``out`` (default ``<run dir>/dataset``, replaced if it exists)."""
+        import shutil
+
+        from rlinf_nb.data import merge
+
+        target = Path(out) if out is not None else self.path / "dataset"
+        if out is None and target.exists():
+            shutil.rmtree(target)
+        return merge(self.path / "data", target)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -303,6 +340,34 @@ class Run:
     def mark(self, outcome: str, env: int = 0) -> None:
         """End env ``env``'s episode as a ``"success"`` or ``"failure"`` (the human's verdict)."""
         self._human(env, {"kind": "mark", "mark": outcome})
+
+    # -- e-stop (robot envs) ------------------------------------------------------------------
+    def estop(self, reason: str = "dashboard", env: int | None = None) -> dict[str, Any]:
+        """Latch the e-stop of every robot env of the run (or of env ``env``).
+
+        The robot layer holds each arm at once: from the next control step on, every command
+        is replaced by "hold here" until :meth:`clear_estop`. The e-stopped env's episode ends
+        and its env worker waits (its rollout pauses, with the other envs of that worker) until
+        the e-stop is cleared. Recorded as an ``estop`` event; ``status()["estopped"]`` lists the
+        e-stopped envs. Returns ``{"estopped": [...], "robot_envs": [...]}`` (each env's state
+        just after engaging: ``ee``, ``episode_step``, ``mode``, ...).
+
+        Raises:
+            ValueError: the run's envs are not robot envs, or ``env`` is out of range.
+        """
+        return self._robot("estop", env, reason=str(reason))
+
+    def clear_estop(self, env: int | None = None) -> dict[str, Any]:
+        """Clear the e-stop of every robot env (or env ``env``): waiting envs reset and the rollout goes on."""
+        return self._robot("clear_estop", env)
+
+    def _robot(self, method: str, env: int | None, **kwargs: Any) -> dict[str, Any]:
+        env = None if env is None else int(env)
+        report = self._call(method, env=env, **kwargs)
+        if not report["ok"]:
+            where = "every env" if env is None else f"env {env}"
+            raise ValueError(f"run {self.name!r}: {method} on {where}: {report['error']}")
+        return {k: v for k, v in report.items() if k != "ok"}
 
     def _human(self, env: int, cmd: dict[str, Any]) -> None:
         report = self._call("human", env, cmd)

@@ -171,7 +171,7 @@ def _open_when_ready(url: str, port: int, proc: subprocess.Popen, timeout: float
 
 
 class _Stop(Exception):
-    """Raised in the main thread by SIGTERM/SIGHUP so they shut down like Ctrl-C."""
+    """Raised in the main thread by SIGINT/SIGTERM/SIGHUP so they all shut down like Ctrl-C."""
 
 
 def _raise_stop(signum, frame):
@@ -259,7 +259,10 @@ def serve_lab(
     if not no_browser and _has_display():
         threading.Thread(target=_open_when_ready, args=(url, chosen, proc), daemon=True).start()
 
-    old = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT explicitly too: a process started in the background of a non-interactive shell
+    # inherits SIGINT as ignored, and Python then never raises KeyboardInterrupt.
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {sig: signal.signal(sig, _raise_stop) for sig in stop_signals}
     try:
         rc = proc.wait()
         print(f"[rlinf-nb] JupyterLab exited ({rc})", flush=True)

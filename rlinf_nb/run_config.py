@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_nb.config import ConfigError, build, live_fields, param
+from rlinf_nb.data.run_recording import RecordConfig
 from rlinf_nb.link import LinkConfig
+from rlinf_nb.runtime.compression import CompressionConfig
 
 
 @dataclass
@@ -108,6 +110,13 @@ class RunConfig:
     placement: PlacementConfig = param(factory=PlacementConfig, doc="worker groups")
     budget: BudgetConfig = param(factory=BudgetConfig, doc="when to stop")
     checkpoint: CheckpointConfig = param(factory=CheckpointConfig, doc="checkpointing")
+    record: RecordConfig = param(
+        factory=RecordConfig, doc="stream episodes into LeRobot datasets (off by default)"
+    )
+    compression: CompressionConfig = param(
+        factory=CompressionConfig,
+        doc="lossless compression of env-worker channels: obs, frames (off by default)",
+    )
     metrics_window: int = param(20, doc="episodes averaged into episode_return_mean", range=(1, 10_000))
     linger_s: float = param(
         300.0,

@@ -53,7 +53,7 @@ def register_device(name: str) -> Callable[[type[T]], type[T]]:
 
 
 def _ensure_builtin_drivers() -> None:
-    import rlinf_nb.robots.drivers  # noqa: F401  (registers mock, lerobot)
+    import rlinf_nb.robots.drivers  # noqa: F401  (registers mock, lerobot, sim)
 
 
 def driver_class(name: str, kind: str, where: str = "driver") -> type:

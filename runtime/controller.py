@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 import ray
 
-from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm
+from rlinf_nb import tree
+from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm, install_algorithm
 from rlinf_nb.config import ConfigError, build, to_dict
 from rlinf_nb.run_config import RunConfig, live_params, resolve_key
 
 from .channel import Channel
+from .robot_control import RobotFleet
 from .rundir import RunDir, dedupe_steps
 from .worker import GroupFuture, GroupPlacement, WorkerGroup, check_placement
 from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
@@ -40,10 +42,10 @@ def actor_name(run_name: str) -> str:
     return f"{ACTOR_PREFIX}{run_name}"
 
 
-def summarize_batch(batch: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    """Key, shape, dtype and simple statistics of every array in a batch."""
+def summarize_batch(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """Key, shape, dtype and simple statistics of every array in a batch (dict obs: ``obs/<key>`` rows)."""
     rows = []
-    for key, arr in batch.items():
+    for key, arr in tree.items(batch):
         arr = np.asarray(arr)
         row: dict[str, Any] = {"key": key, "shape": tuple(arr.shape), "dtype": str(arr.dtype)}
         if arr.size and np.issubdtype(arr.dtype, np.number) or arr.dtype == bool:
@@ -99,9 +101,12 @@ class StageContext:
 class RunControllerImpl:
     """The loop and its state; wrapped as a Ray actor by :data:`RunController`."""
 
-    def __init__(self, name: str, config: dict[str, Any], resume: bool = False):
+    def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
+                 algorithm: Algorithm | None = None):  # fmt: skip
         self.name = name
         self.run_dir = RunDir(name)
+        if algorithm is not None:  # shipped by the client: may be defined in a notebook cell
+            install_algorithm(algorithm)
         self.cfg: RunConfig = build(RunConfig, config)
         self.algo: Algorithm = get_algorithm(self.cfg.algorithm)
         self.stages: list[Stage] = list(self.algo.stages)
@@ -128,7 +133,10 @@ class RunControllerImpl:
         # Human in the loop (robot envs with a human): per-episode clean successes, last segment's rate
         self.clean_success_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
         self.intervention_rate: float | None = None
+        self.robots = RobotFleet(self)  # robot envs: e-stop commands and their last state
         self.stage_times: dict[str, float] = {}
+        self.recordings_closed = False
+        self.obs_compression: float | None = None  # compression.obs: bytes sent / raw, so far
         self.metrics_rows: list[dict[str, Any]] = []
         self.event_rows: list[dict[str, Any]] = []
         self.started_at = time.time()
@@ -192,14 +200,16 @@ class RunControllerImpl:
         }
         env_dict = to_dict(cfg.env)
         self.groups["env"] = WorkerGroup(
-            "env", EnvWorker, placements["env"], (env_dict, cfg.seed), max_restarts=3
-        )
+            "env", EnvWorker, placements["env"], (env_dict, cfg.seed),
+            {"record": self._record_section(), "compression": to_dict(cfg.compression)},
+            max_restarts=3,
+        )  # fmt: skip
         obs_space, action_space = self.groups["env"].call_one(0, "spaces").get(timeout=300)[0]
         policy_dict = to_dict(cfg.policy)
         self.groups["rollout"] = WorkerGroup("rollout", RolloutWorker, placements["rollout"],
                                              (policy_dict, obs_space, action_space, cfg.seed), max_restarts=3)  # fmt: skip
         self.groups["actor"] = WorkerGroup("actor", LearnerWorker, placements["actor"],
-                                           (cfg.algorithm, cfg.algo, policy_dict, obs_space, action_space, cfg.seed))  # fmt: skip
+                                           (self.algo, cfg.algo, policy_dict, obs_space, action_space, cfg.seed))  # fmt: skip
         self.env_ranks_of = [[r for r in range(n_env) if r % p.rollout.num_workers == j]
                              for j in range(p.rollout.num_workers)]  # fmt: skip
         for g in self.groups.values():
@@ -210,11 +220,37 @@ class RunControllerImpl:
             self.event("demos", source=demos, **stats)
         dataset = getattr(cfg.algo, "dataset", None)
         if dataset:  # an offline learner's dataset (BC): loaded on the learner, recorded on first use
-            stats = self.groups["actor"].call("load_dataset", dataset, env_dict, cfg.seed, cfg.algo).get(timeout=1800)[0]
+            stats = (
+                self.groups["actor"]
+                .call("load_dataset", dataset, env_dict, cfg.seed, cfg.algo)
+                .get(timeout=1800)[0]
+            )
             self.event("dataset", source=dataset, **stats)
         if self.resume:
             self._restore()
         self.sync_weights()
+
+    def _record_section(self) -> dict[str, Any] | None:
+        """The ``record:`` section for the env workers, its root resolved (default: ``<run dir>/data``)."""
+        rec = to_dict(self.cfg.record)
+        if not rec["enabled"]:
+            return None
+        rec["root"] = str(rec["root"] or self.run_dir.path / "data")
+        return rec
+
+    def _close_recordings(self) -> None:
+        """Finalize every env worker's open recording shard before the workers go (an event says what was kept)."""
+        if not self.cfg.record.enabled or "env" not in self.groups or self.recordings_closed:
+            return
+        self.recordings_closed = True
+        try:
+            results = self.groups["env"].call("close_recording").get(timeout=180)
+        except Exception as exc:  # noqa: BLE001 - finalized shards are safe; say what happened
+            self.event("recording", error=str(exc)[-2000:])
+            return
+        done = [r for r in results if r]
+        self.event("recording", episodes=sum(r["episodes"] for r in done), skipped=sum(r["skipped"] for r in done),
+                   roots=[r["root"] for r in done])  # fmt: skip
 
     def _restore(self) -> None:
         info = self.run_dir.latest_checkpoint()
@@ -296,6 +332,8 @@ class RunControllerImpl:
         failure: BaseException | None = None
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=600)
+            if not done and self.robots.any_estopped_now():
+                continue  # an e-stopped env waits for its clear: not a hung worker
             if not done:
                 failure = TimeoutError("rollout: no worker finished within 600 s")
                 self._abort_rollout()
@@ -315,8 +353,8 @@ class RunControllerImpl:
         roll_fut.get()
         n_env = len(self.groups["env"])
         trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=60, as_torch=False)
-        batch = {
-            k: np.concatenate([t["batch"][k] for t in trajs], axis=1)
+        batch = {  # [T, N] along the envs of all workers; dict obs concatenate leaf by leaf
+            k: tree.concatenate([t["batch"][k] for t in trajs], axis=1)
             for k in trajs[0]["batch"]
             if k != "last_values"
         }
@@ -331,6 +369,10 @@ class RunControllerImpl:
             self.returns_window.extend(returns)
             self.lengths_window.extend(x for t in trajs for x in t["episode_lengths"])
             self.success_window.extend(x for t in trajs for x in t["successes"])
+        codec = [t["obs_codec"] for t in trajs if t.get("obs_codec")]
+        if codec:  # cumulative per worker: bytes sent / raw bytes of the compressed observations
+            raw = sum(c["raw_bytes"] for c in codec)
+            self.obs_compression = sum(c["sent_bytes"] for c in codec) / raw if raw else None
         human = [t["human"] for t in trajs if "human" in t]
         if human:
             self._record_human(human, new_steps)
@@ -486,15 +528,18 @@ class RunControllerImpl:
                     continue
                 break  # stop requested inside the iteration
             self.save_checkpoint(reason="end")
+            self._close_recordings()  # before the state says finished: a waiting client then reads it all
             with self.cond:
                 self.state = "stopped" if self.stop_requested else "finished"
                 self.current_stage = None
                 self.cond.notify_all()
             self.event(self.state)
         except Exception:  # noqa: BLE001 - recorded, and visible in status()
+            error = traceback.format_exc()
+            self._close_recordings()  # the healthy workers' open shards are kept
             with self.cond:
                 self.state = "failed"
-                self.error = traceback.format_exc()
+                self.error = error
                 self.cond.notify_all()
             self.event("failed", error=self.error[-4000:])
         finally:
@@ -531,6 +576,8 @@ class RunControllerImpl:
             "episodes": self.episodes,
             "steps_per_s": new_steps / elapsed if elapsed > 0 else None,
         }
+        if self.obs_compression is not None:
+            row["obs_compression"] = self.obs_compression
         if self.intervention_rate is not None:
             row["intervention_rate"] = self.intervention_rate
             cw = self.clean_success_window
@@ -672,6 +719,7 @@ class RunControllerImpl:
                 "started_at": self.started_at,
                 "budget": to_dict(self.cfg.budget),
                 "ended_at": self.ended_at,
+                **self.robots.status(),
             }
 
 
@@ -708,8 +756,13 @@ class RunController:
     frees its memory; the client then reads the run's history and last status from its directory.
     """
 
-    def __init__(self, name: str, config: dict[str, Any], resume: bool = False):
-        self.impl = RunControllerImpl(name, config, resume)
+    def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
+                 algorithm: Algorithm | None = None):  # fmt: skip
+        self.impl = RunControllerImpl(name, config, resume, algorithm)
+        from .compression import ObsDecoder
+
+        self.frame_decoder = ObsDecoder(drop_missing=True)  # compression.frames (see latest_frames)
+        self.last_frames: dict[int, Any] = {}
         self.last_call = time.time()
         self.impl.thread.start()
         threading.Thread(target=self._linger_watch, name=f"linger-{name}", daemon=True).start()
@@ -732,6 +785,7 @@ class RunController:
 
     @_touches
     async def status(self) -> dict[str, Any]:
+        await self.impl.robots.refresh()
         return self.impl.status()
 
     @_touches
@@ -793,6 +847,16 @@ class RunController:
         return report
 
     @_touches
+    async def estop(self, reason: str = "run", env: int | None = None) -> dict[str, Any]:
+        """Latch the e-stop of every robot env (or env ``env``); recorded as an ``estop`` event."""
+        return await self.impl.robots.command("estop", env, reason)
+
+    @_touches
+    async def clear_estop(self, env: int | None = None) -> dict[str, Any]:
+        """Clear the e-stop of every robot env (or env ``env``); its waiting envs reset and go on."""
+        return await self.impl.robots.command("clear_estop", env)
+
+    @_touches
     async def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:
         return self.impl.set_hparams(changes)
 
@@ -826,7 +890,7 @@ class RunController:
     @_touches
     async def batch_arrays(self, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         batch = self.impl.ctx.batch
-        return {k: np.asarray(v) for k, v in batch.items() if keys is None or k in keys}
+        return {k: tree.map(np.asarray, v) for k, v in batch.items() if keys is None or k in keys}
 
     @_touches
     async def config(self) -> dict[str, Any]:
@@ -849,7 +913,16 @@ class RunController:
         for rank in range(len(self.impl.groups.get("env", []) or [])):
             env = await ch._actor.latest.remote(rank)
             if env is not None:
-                out[rank] = Channel._open(env, as_torch=False)
+                item = Channel._open(env, as_torch=False)
+                # compression.frames: blobs decoded here; a delta whose reference this peeking reader
+                # never saw decodes to None, and the last good frame of that worker stands in
+                frame = self.frame_decoder.decode(item["frame"], rank)
+                if frame is None:
+                    frame = self.last_frames.get(rank)
+                if frame is None:
+                    continue
+                self.last_frames[rank] = frame
+                out[rank] = {**item, "frame": frame}
         return out
 
     @_touches

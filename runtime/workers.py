@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 import ray
 
+from rlinf_nb import tree
+
 from .channel import Channel
+from .robot_control import RobotControl
 from .worker import Worker
 
 ABORT = "abort"
@@ -38,7 +41,8 @@ class EnvWorker(Worker):
 
     concurrency_groups = {"control": 1}
 
-    def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int):
+    def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int,
+                 record: dict[str, Any] | None = None, compression: dict[str, Any] | None = None):  # fmt: skip
         super().__init__(rank, world_size, group)
         from rlinf_nb.envs import make_env
 
@@ -51,8 +55,12 @@ class EnvWorker(Worker):
             env_cfg["id"], env_cfg["num_envs"], seed=self.seed, link=env_cfg.get("link"), **kwargs
         )
         self.obs = self.env.reset(seed=self.seed)
+        self.recording = _streamer(record, rank, self.env, env_cfg["id"])  # the run's `record:` section
+        self.obs_codec = _obs_encoder(compression, "obs")  # the run's `compression.obs` (identity when off)
+        self.frame_codec = _obs_encoder(compression, "frames")  # `compression.frames`, for the dashboard
         self.frames: Channel | None = None
         self.steps = 0
+        self.robots = RobotControl(self.env, env_cfg["id"])  # e-stop; a latched env waits in its reset
 
     def spaces(self) -> tuple[Any, Any]:
         return self.env.observation_space, self.env.action_space
@@ -76,6 +84,18 @@ class EnvWorker(Worker):
         except Exception as exc:  # noqa: BLE001 - reported to the caller as a clear message
             return {"ok": False, "error": str(exc)}
         return {"ok": True}
+
+    @ray.method(concurrency_group="control")
+    def robot_command(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """E-stop, clear or read this worker's robot envs (see :class:`.robot_control.RobotControl`)."""
+        return self.robots.command(cmd)
+
+    def close_recording(self) -> dict[str, Any] | None:
+        """Finalize this worker's recording (episodes still running are dropped); None if not recording."""
+        if self.recording is None:
+            return None
+        out, self.recording = self.recording.close(), None
+        return out
 
     def reset(self, seeds: list[int] | None = None) -> None:
         """Reset every env: env ``i`` with ``seeds[i]`` when given, else from the worker's seed."""
@@ -117,6 +137,7 @@ class EnvWorker(Worker):
         episode ended) and ``terminated``, and skips the final values-only round.
         """
         T, N = num_steps, self.env.num_envs
+        self.obs_codec.restart()  # keyframes first: an aborted rollout's last blobs may never have been decoded
         render_every = int(self.env_cfg.get("render_every") or 0)
         buf: dict[str, Any] = {}
         rewards = np.zeros((T, N), np.float32)
@@ -134,9 +155,8 @@ class EnvWorker(Worker):
         for t in range(T + 1):
             if t == T and transitions:
                 break
-            reply = ask(
-                {"obs": self.obs, "final_obs": final_obs, "final_mask": final_mask, "value_only": t == T}
-            )
+            reply = ask({"obs": self.obs_codec.encode(self.obs), "sender": self.rank, "final_obs": final_obs,
+                         "final_mask": final_mask, "value_only": t == T})  # fmt: skip
             if reply.get(ABORT):
                 return {"aborted": True}
             if t > 0 and final_mask is not None:
@@ -144,7 +164,10 @@ class EnvWorker(Worker):
             if t == T:
                 last_values = reply["values"]
                 break
-            for key, value in (("obs", self.obs), ("actions", reply["actions"]), ("logprobs", reply["logprobs"]),
+            if "obs" not in buf:  # an array or a dict of arrays (images stay uint8): [T, N, ...] per leaf
+                buf["obs"] = tree.zeros(self.obs, lead=(T,))
+            tree.assign(buf["obs"], t, self.obs)
+            for key, value in (("actions", reply["actions"]), ("logprobs", reply["logprobs"]),
                                ("values", reply["values"]), ("versions", reply["version"])):  # fmt: skip
                 arr = np.asarray(value)
                 if key not in buf:
@@ -154,15 +177,17 @@ class EnvWorker(Worker):
             self.steps += N
             if res.intervened is not None:
                 human.record(t, res, buf["actions"])
+            if self.recording is not None:
+                self.recording.step(self.obs, buf["actions"][t], res)
             rewards[t] = res.reward
             dones[t] = res.terminated | res.truncated
             truncated[t] = res.truncated & ~res.terminated
             terminated[t] = res.terminated
             if transitions:
                 if next_obs is None:
-                    next_obs = np.zeros((T, *np.shape(res.obs)), np.asarray(res.obs).dtype)
-                done = dones[t].reshape((N,) + (1,) * (np.ndim(res.obs) - 1))
-                next_obs[t] = np.where(done, res.final_obs, res.obs) if res.final_obs is not None else res.obs
+                    next_obs = tree.zeros(res.obs, lead=(T,))
+                real = res.obs if res.final_obs is None else tree.where(dones[t], res.final_obs, res.obs)
+                tree.assign(next_obs, t, real)
             final_mask = truncated[t] if truncated[t].any() and not transitions else None
             final_obs = res.final_obs if final_mask is not None else None
             ep_returns += res.episode_returns
@@ -172,7 +197,11 @@ class EnvWorker(Worker):
             if frames_ch is not None and render_every and self.steps % render_every < N:
                 frame = self.env.render()
                 if frame is not None:
-                    frames_ch.put(self.rank, {"frame": frame, "env_steps": self.steps}, timeout=1.0)
+                    frames_ch.put(
+                        self.rank,
+                        {"frame": self.frame_codec.encode(frame), "env_steps": self.steps},
+                        timeout=1.0,
+                    )
         buf.update(rewards=rewards, dones=dones, truncated=truncated, bootstrap_values=bootstrap)
         if transitions:
             buf.update(next_obs=next_obs, terminated=terminated)
@@ -183,8 +212,29 @@ class EnvWorker(Worker):
         if before_publish is not None:
             before_publish()
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
-                                "successes": successes, "env_steps": T * N, **human.summary()})  # fmt: skip
+                                "successes": successes, "env_steps": T * N, **human.summary(),
+                                "obs_codec": self.obs_codec.stats() if self.obs_codec.enabled else None})  # fmt: skip
         return {"env_steps": T * N, "episodes": len(ep_returns)}
+
+
+def _obs_encoder(compression: dict[str, Any] | None, channel: str) -> Any:
+    from rlinf_nb.config import build
+
+    from .compression import ChannelCompression, ObsEncoder
+
+    return ObsEncoder(build(ChannelCompression, compression[channel]) if compression else None)
+
+
+def _streamer(record: dict[str, Any] | None, rank: int, env: Any, env_id: str) -> Any:
+    """An :class:`~rlinf_nb.data.run_recording.EpisodeStreamer` at ``<root>/env-<rank>``, or None."""
+    if not record or not record.get("enabled"):
+        return None
+    from rlinf_nb.config import build
+    from rlinf_nb.data.run_recording import EpisodeStreamer, RecordConfig
+
+    cfg = build(RecordConfig, record)
+    root = f"{cfg.root}/env-{rank}"
+    return EpisodeStreamer(root, cfg, env.observation_space, env.action_space, env.num_envs, task=env_id)
 
 
 class _HumanTally:
@@ -238,6 +288,9 @@ class RolloutWorker(Worker):
         )
         self.policy.eval()
         self.version = -1
+        from .compression import ObsDecoder
+
+        self.obs_decoder = ObsDecoder()  # compressed observations (compression.obs), per env worker stream
 
     def set_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
         import torch
@@ -266,8 +319,10 @@ class RolloutWorker(Worker):
         """Actions, log-probs, values (and bootstrap values of time-limited episodes) for each message."""
         import torch
 
-        sizes = [len(m["obs"]) for m in msgs]
-        obs = torch.as_tensor(np.concatenate([m["obs"] for m in msgs]))
+        # obs: an array or a dict of arrays per message, [n_i, ...] per leaf; dtypes kept (uint8 images)
+        msgs = [{**m, "obs": self.obs_decoder.decode(m["obs"], m.get("sender"))} for m in msgs]
+        sizes = [tree.batch_size(m["obs"]) for m in msgs]
+        obs = tree.map(torch.as_tensor, tree.concatenate([m["obs"] for m in msgs]))
         with torch.no_grad():
             if msgs[0]["value_only"]:
                 actions = logprobs = None
@@ -277,7 +332,7 @@ class RolloutWorker(Worker):
             boot = [None] * len(msgs)
             for i, m in enumerate(msgs):
                 if m["final_obs"] is not None:
-                    boot[i] = self.policy.value(torch.as_tensor(m["final_obs"])).numpy()
+                    boot[i] = self.policy.value(tree.map(torch.as_tensor, m["final_obs"])).numpy()
         offsets = np.cumsum([0, *sizes])
         replies = []
         for i in range(len(msgs)):
@@ -297,17 +352,18 @@ class RolloutWorker(Worker):
 class LearnerWorker(Worker):
     """The algorithm's learner: owns the trainable policy and its optimizer."""
 
-    def __init__(self, rank: int, world_size: int, group: str, algorithm: str, algo_cfg: Any,
+    def __init__(self, rank: int, world_size: int, group: str, algorithm: Any, algo_cfg: Any,
                  policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, seed: int):  # fmt: skip
         super().__init__(rank, world_size, group)
         import torch
 
-        from rlinf_nb.algorithms.registry import get_algorithm
+        from rlinf_nb.algorithms.registry import Algorithm, get_algorithm
         from rlinf_nb.policies import make_policy
 
         _set_torch_threads()
         torch.manual_seed(seed)
-        self.algo = get_algorithm(algorithm)
+        # The controller passes the Algorithm itself (one defined in a notebook is not registered here).
+        self.algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)
         self.policy = make_policy(
             policy_cfg["name"], obs_space, action_space, **(policy_cfg.get("kwargs") or {})
         )

@@ -314,7 +314,9 @@ def test_group_advantages_grpo_matches_episode_level_maths():
     hp = GRPOConfig(group_size=4)
     out = group_advantages(batch, hp)
     lay = A.segment_episodes(torch.as_tensor(batch["dones"]))
-    ret = A.episode_sums(torch.as_tensor(batch["rewards"], dtype=torch.float64), lay.episode_ids, lay.num_episodes)
+    ret = A.episode_sums(
+        torch.as_tensor(batch["rewards"], dtype=torch.float64), lay.episode_ids, lay.num_episodes
+    )
     gids = A.episode_group_ids(lay, torch.arange(8) // 4)
     ref = grpo_reference(ret.tolist(), gids.tolist(), [True] * lay.num_episodes, hp.std_eps, True)
     expected = np.array(ref, dtype=np.float32)[lay.episode_ids.numpy()]

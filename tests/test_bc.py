@@ -148,3 +148,29 @@ def test_bc_pushcube_learns_from_a_lerobot_dataset_and_lora_finetunes_from_it(at
     lm = lora.metrics()
     assert lm["success_rate"].iloc[-1] >= 0.5
     assert lm["trainable_params"].iloc[-1] < 0.2 * m["trainable_params"].iloc[-1]
+
+
+def test_a_recording_root_is_merged_once_into_a_dataset_bc_can_read(tmp_path):
+    from rlinf_nb.algorithms.bc import resolve_dataset
+    from rlinf_nb.data import Recorder, vector
+
+    features = {"observation.state": vector(3), "action": vector(2)}
+    with Recorder(tmp_path / "rec", fps=10, features=features, shard_episodes=1) as rec:
+        for ep in range(2):
+            for t in range(4):
+                rec.add_frame({"observation.state": np.full(3, ep * 10 + t, np.float32),
+                               "action": np.zeros(2, np.float32), "reward": 0.0, "done": t == 3})  # fmt: skip
+            rec.end_episode(task="t")
+    path = resolve_dataset(str(tmp_path / "rec"), PUSHCUBE)
+    assert path == tmp_path / "rec.merged" and resolve_dataset(str(tmp_path / "rec"), PUSHCUBE) == path
+    cfg = build(BCConfig, {})
+    with pytest.raises(ValueError, match=r"'observation.state'.*shape \(3,\).*6 values"):
+        BCLearner(_policy(), cfg).load_dataset(str(path), PUSHCUBE, 0, cfg)  # the env's obs have 6
+    policy = make_policy("mlp", gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), ACT, hidden_sizes=(8,))
+    learner = BCLearner(policy, cfg)
+    assert learner.load_dataset(str(path), PUSHCUBE, 0, cfg) == {
+        "dataset": str(path),
+        "frames": 8,
+        "episodes": 2,
+    }
+    assert sorted(learner.obs[:, 0].tolist()) == [0, 1, 2, 3, 10, 11, 12, 13]

@@ -116,22 +116,20 @@ def lab(cluster, session_home: Path, tmp_path_factory):
             proc.kill()
 
 
-@pytest.fixture(scope="module")
-def page(lab, tmp_path_factory):
+def open_notebook(base: str, token: str, notebook: str, profile: Path):
+    """Yield a headless Chromium page with ``notebook`` open in JupyterLab and its kernel idle."""
     from playwright.sync_api import sync_playwright
 
-    base, token, _root = lab
-    OUT.mkdir(exist_ok=True)
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium")), executable_path=CHROMIUM, headless=True,
+            str(profile), executable_path=CHROMIUM, headless=True,
             viewport={"width": 1400, "height": 1100},
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"],
         )  # fmt: skip
         pg = ctx.new_page()
         pg.set_default_timeout(60_000)
-        pg.goto(f"{base}/lab/tree/{NB}?reset&token={token}")
+        pg.goto(f"{base}/lab/tree/{notebook}?reset&token={token}")
         deadline = time.time() + 180
         while not pg.evaluate(_KERNEL_IDLE):
             dialog = pg.locator(".jp-Dialog .jp-mod-accept")
@@ -141,6 +139,13 @@ def page(lab, tmp_path_factory):
             time.sleep(0.5)
         yield pg
         ctx.close()
+
+
+@pytest.fixture(scope="module")
+def page(lab, tmp_path_factory):
+    base, token, _root = lab
+    OUT.mkdir(exist_ok=True)
+    yield from open_notebook(base, token, NB, tmp_path_factory.mktemp("chromium"))
 
 
 def _shot(pg, name: str) -> None:

@@ -231,7 +231,8 @@ def test_replay_state_dict_round_trip_continues_identically():
     for k, v in buf.ordered().items():
         np.testing.assert_array_equal(other.ordered()[k], v)
     np.testing.assert_array_equal(
-        buf.sample(20, np.random.default_rng(3))["rewards"], other.sample(20, np.random.default_rng(3))["rewards"]
+        buf.sample(20, np.random.default_rng(3))["rewards"],
+        other.sample(20, np.random.default_rng(3))["rewards"],
     )
     empty = ReplayBuffer(4)
     empty.load_state_dict(ReplayBuffer(4).state_dict())
@@ -326,7 +327,9 @@ def test_actor_and_critic_gradients_stay_separate(cls, cfg_fn):
                                 retain_graph=True)  # fmt: skip
     assert all(g is None for g in grads[: len(critic_params) + 1]), "actor loss reached the critics or alpha"
     assert any(g is not None and g.abs().sum() > 0 for g in grads[len(critic_params) + 1 :])
-    grads = torch.autograd.grad(temp.loss, actor_params + critic_params + [learner.log_alpha], allow_unused=True)
+    grads = torch.autograd.grad(
+        temp.loss, actor_params + critic_params + [learner.log_alpha], allow_unused=True
+    )
     assert all(g is None for g in grads[:-1]) and grads[-1] is not None
     if learner.critic_target is not None:
         assert all(not p.requires_grad for p in learner.critic_target.parameters())
@@ -445,5 +448,7 @@ def test_pendulum_reaches_minus_250(name):
     """Default configs, one env, in-process: the mean of the last 10 episode returns reaches -250."""
     torch.set_num_threads(1)
     r = train_offpolicy(name, total_steps=30_000, seed=0, target_return=-250.0)
-    print(f"{name}: reached_at={r.reached_at} env_steps, wall={r.wall_time_s:.0f}s, mean10={r.return_mean():.0f}")
+    print(
+        f"{name}: reached_at={r.reached_at} env_steps, wall={r.wall_time_s:.0f}s, mean10={r.return_mean():.0f}"
+    )
     assert r.reached_at is not None, f"{name} got {r.return_mean():.0f} after {r.env_steps} steps"

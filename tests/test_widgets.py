@@ -245,6 +245,16 @@ def test_curves_plot_each_row_overlay_runs_and_mark_events():
     assert len(curves.trace("a").x) == 10 and curves.trace("a").x[-1] == 30 * 256
 
 
+def test_chosen_metrics_stay_selected_when_new_metric_columns_arrive():
+    curves = Curves(["a"], metrics=["intervention_rate"])
+    curves.add("a", [{"step": 1, "env_steps": 8, "episode_return_mean": None, "intervention_rate": 0.5}])
+    curves.add(
+        "a", [{"step": 2, "env_steps": 16, "episode_return_mean": 1.0, "intervention_rate": 0.2, "loss": 1.0}]
+    )
+    assert curves.metric_select.value == ("intervention_rate",)
+    assert "loss" in curves.metric_select.options
+
+
 def test_hparam_inputs_follow_the_declared_fields():
     assert isinstance(make_input("algo.lr", {"value": 1e-3, "range": (1e-7, 1.0)}), widgets.FloatLogSlider)
     assert isinstance(make_input("algo.ent_coef", {"value": 0.0, "range": (0.0, 1.0)}), widgets.FloatText)

@@ -33,6 +33,8 @@ EVENT_STYLE = {
     "recovery": ("x", "#ff7f0e"),
     "stop_requested": ("square", "#000000"),
     "failed": ("x-thin-open", "#d62728"),
+    "estop": ("octagon", "#d62728"),
+    "clear_estop": ("octagon-open", "#2ca02c"),
 }
 _NOT_METRICS = {"wall_time"}
 _COUNTERS = {"step", "env_steps", "episodes"}
@@ -85,6 +87,10 @@ def event_text(e: dict[str, Any]) -> str:
             lines.append(str(e["detail"])[:120])
     elif kind == "failed" and e.get("error"):
         lines.append(str(e["error"]).strip().splitlines()[-1][:120])
+    elif kind in ("estop", "clear_estop"):
+        envs = ", ".join(str(i) for i in e.get("envs") or [])
+        why = f" ({e['reason']})" if e.get("reason") else ""
+        lines.append(f"env {envs}{why}")
     elif kind == "resume" and e.get("checkpoint"):
         lines.append(f"from checkpoint {e['checkpoint']}")
     lines.append(f"step {e.get('step', '?')} · env steps {e.get('env_steps', '?')}")
@@ -246,9 +252,9 @@ class Curves(widgets.VBox):
         current = tuple(self.metric_select.value)
         options += [m for m in current if m not in options]
         if list(self.metric_select.options) != options:
-            with self.metric_select.hold_trait_notifications():
-                self.metric_select.options = options
-                self.metric_select.value = tuple(m for m in current if m in options)
+            # Not under hold_trait_notifications: the options' observer would clear the value after it is set.
+            self.metric_select.options = options
+            self.metric_select.value = tuple(m for m in current if m in options)
 
     # ------------------------------------------------------------------ drawing
 

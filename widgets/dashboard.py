@@ -1,4 +1,5 @@
-"""``rl.dashboard(run)``: curves, controls, hyperparameters, step debugger, frames, cluster view.
+"""``rl.dashboard(run)``: curves, controls, hyperparameters, step debugger, frames, cluster view
+(and, for robot runs, the intervention panel: take over, keyboard teleop, marks, e-stop).
 
 The dashboard is a composed ipywidgets layout fed by one :class:`~.poller.Poller` (a daemon
 thread): metrics and events by cursor (from 0, so a dashboard made after a kernel restart
@@ -23,6 +24,7 @@ from .controls import FINAL_STATES, Actions, Controls
 from .curves import Curves
 from .debugger import StepDebugger
 from .hparams import HParamPanel
+from .intervention import InterventionPanel
 from .media import RolloutTile
 from .poller import Pacer, Poller, Task
 
@@ -89,6 +91,8 @@ class Dashboard(widgets.VBox):
         self.header = widgets.HTML(self._header_html())
         self.curves = Curves([r.name for r in runs], metrics=metrics, x=x, smoothing=smoothing)
         self.controls = Controls(self.run, self.actions, on_done=self._action_done)
+        # take over, keyboard teleop, marks, e-stop: shown for robot runs only
+        self.intervention = InterventionPanel.for_run(self.run, on_done=self._intervention_done)
         self.hparams = HParamPanel(self.run)
         self.debugger = StepDebugger(
             self.run, self.actions, on_done=self._action_done, request_batch=self.request_batch
@@ -103,7 +107,7 @@ class Dashboard(widgets.VBox):
                                 titles=("hyperparameters", "step debugger", "cluster"))  # fmt: skip
         side = widgets.VBox([self.media], layout=widgets.Layout(flex="1 1 0%", min_width="260px"))
         body = widgets.HBox([self.curves, side], layout=widgets.Layout(width="100%"))
-        super().__init__([self.header, self.controls, body, self.tabs, self.pacer],
+        super().__init__([self.header, self.controls, self.intervention, body, self.tabs, self.pacer],
                          layout=widgets.Layout(width="100%"))  # fmt: skip
 
         tasks = [
@@ -145,7 +149,7 @@ class Dashboard(widgets.VBox):
         """Stop the poller and close every widget of the dashboard."""
         self.stop()
         self.actions.close()
-        for part in (self.header, self.controls, self.curves, self.hparams, self.debugger, self.media,
+        for part in (self.header, self.controls, self.intervention, self.curves, self.hparams, self.debugger, self.media,
                      self.cluster, self.pacer, *self.children, self.tabs):  # fmt: skip
             part.close()
         super().close()
@@ -192,6 +196,7 @@ class Dashboard(widgets.VBox):
             self._go_quiet()
         self.last_status = st
         self.controls.update(st)
+        self.intervention.update(st)
         self.debugger.update(st)
         if self.debugger.wants_batch(st):
             self._batch_wanted.set()
@@ -238,6 +243,10 @@ class Dashboard(widgets.VBox):
         if name.startswith("step"):
             self._batch_wanted.set()
         self.poller.request("status", "data", "batch")
+
+    def _intervention_done(self, name: str, result: Any) -> None:
+        if name != "human action":  # key actions are many; their effect shows at the next status
+            self.poller.request("status", "data")
 
     def _task_failed(self, task: Task, text: str) -> None:
         self.errors[task.name] = text.strip().splitlines()[-1]

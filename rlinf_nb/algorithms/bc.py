@@ -18,8 +18,8 @@ the policy's ``lora_targets()`` and trains only those (plus the action std). ``i
 starts from another run's newest complete checkpoint (PPO, SAC-family or BC: the plain policy
 weights), so a policy trained with RL can be fine-tuned on demonstrations and vice versa.
 
-``dataset`` is a LeRobot dataset directory, a recording root (its finalized shards are merged
-once into ``<root>.merged``) or ``scripted:<n>`` (``n`` episodes of the env's scripted expert,
+``dataset`` is a LeRobot dataset directory, a recording root or a run's ``data/`` directory
+(their finalized shards are merged once into ``<path>.merged``) or ``scripted:<n>`` (``n`` episodes of the env's scripted expert,
 recorded once into a LeRobot dataset under ``RLINF_NB_HOME/datasets``).
 """
 
@@ -63,7 +63,9 @@ class BCConfig:
     eval_steps: int = param(50, doc="env steps per env in each evaluate stage", range=(1, 100_000))
     finetune: str = param("full", doc="full (every weight) or lora (adapters only)", choices=("full", "lora"))
     lora_rank: int = param(8, doc="LoRA rank r", range=(1, 4096))
-    lora_alpha: float = param(16.0, doc="LoRA scale numerator (the update is alpha / r * B A)", range=(0.0, None))
+    lora_alpha: float = param(
+        16.0, doc="LoRA scale numerator (the update is alpha / r * B A)", range=(0.0, None)
+    )
     init_from: str | None = param(
         None, doc="start from this run's newest complete checkpoint (a run name or a run directory)"
     )
@@ -71,7 +73,9 @@ class BCConfig:
     def validate(self) -> None:
         kind, _, arg = self.dataset.partition(":")
         if kind == "scripted" and (not arg.isdigit() or int(arg) < 1):
-            raise ConfigError("dataset", self.dataset, "expected 'scripted:<n>' with n >= 1 episodes, or a path")
+            raise ConfigError(
+                "dataset", self.dataset, "expected 'scripted:<n>' with n >= 1 episodes, or a path"
+            )
 
 
 # ----------------------------------------------------------------------------- maths
@@ -94,7 +98,6 @@ def bc_loss(dist: Any, actions: Tensor, kind: str = "nll") -> Tensor:
 
 def resolve_dataset(spec: str, env_cfg: dict[str, Any], seed: int = 0) -> Path:
     """The LeRobot dataset directory ``spec`` (``algo.dataset``) names for a run's env."""
-    from rlinf_nb.data import shards
     from rlinf_nb.data.expert import cached_scripted_dataset
     from rlinf_nb.data.merging import merge
 
@@ -103,11 +106,14 @@ def resolve_dataset(spec: str, env_cfg: dict[str, Any], seed: int = 0) -> Path:
         return cached_scripted_dataset(env_cfg, int(arg), seed=seed + 2_000_003)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise ConfigError("algo.dataset", spec, "an existing LeRobot dataset or recording root, or 'scripted:<n>'")
-    if shards.is_recording_root(path):
-        merged = path.with_name(path.name + ".merged")
-        return merged if merged.exists() else merge(path, merged)
-    return path
+        raise ConfigError(
+            "algo.dataset", spec, "an existing LeRobot dataset or recording root, or 'scripted:<n>'"
+        )
+    if (path / "meta" / "info.json").is_file():
+        return path
+    # a recording root, or a run's data/ of per-worker roots: merged once beside it
+    merged = path.with_name(path.name + ".merged")
+    return merged if merged.exists() else merge(path, merged)
 
 
 def _policy_weights_of_run(run: str) -> dict[str, Tensor]:

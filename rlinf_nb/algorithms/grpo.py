@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlinf_nb import tree
 from rlinf_nb.config import ConfigError, param
 
 from . import advantages as A
@@ -230,20 +231,24 @@ class GroupPolicyLearner:
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5)
         self.generator = torch.Generator().manual_seed(seed)
 
-    def update(self, batch: dict[str, np.ndarray], cfg: _CriticFreeConfig, progress: float = 0.0) -> dict[str, float]:
+    def update(
+        self, batch: dict[str, np.ndarray], cfg: _CriticFreeConfig, progress: float = 0.0
+    ) -> dict[str, float]:
         """Run ``cfg.epochs`` of minibatch updates on a ``[T, N]`` batch; returns mean metrics."""
         mask = torch.as_tensor(np.asarray(batch["mask"])).bool().reshape(-1)
         idx_valid = mask.nonzero().squeeze(-1)
 
-        def flat(key: str) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(batch[key])).flatten(0, 1)[idx_valid]
+        def flat(key: str) -> Any:  # [T, N, ...] -> the valid steps [n, ...]; dict obs leaf by leaf
+            return tree.map(lambda a: torch.as_tensor(np.asarray(a)).flatten(0, 1)[idx_valid], batch[key])
 
         obs, actions, old_logp, adv = flat("obs"), flat("actions"), flat("logprobs"), flat("advantages")
         episode_ids = flat("episode_ids")
         n = int(idx_valid.numel())
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr
-        stats: dict[str, list[float]] = {k: [] for k in ("policy_loss", "entropy", "approx_kl", "clip_fraction")}
+        stats: dict[str, list[float]] = {
+            k: [] for k in ("policy_loss", "entropy", "approx_kl", "clip_fraction")
+        }
         if n == 0:
             out = {k: float("nan") for k in stats}
             out.update(lr=cfg.lr, valid_steps=0.0)
@@ -253,7 +258,7 @@ class GroupPolicyLearner:
             perm = torch.randperm(n, generator=self.generator)
             for start in range(0, n - mb + 1, mb):
                 i = perm[start : start + mb]
-                logp, entropy, _ = self.policy.evaluate(obs[i], actions[i])
+                logp, entropy, _ = self.policy.evaluate(tree.index(obs, i), actions[i])
                 pl = A.clipped_surrogate_loss(
                     logp, old_logp[i], adv[i].to(logp.dtype), cfg.clip_eps, cfg.clip_eps_high,
                     episode_ids=episode_ids[i], aggregation=cfg.loss_aggregation,
@@ -299,14 +304,29 @@ def _stages(adv_doc: str, grouped: bool) -> tuple[Stage, ...]:
 
 
 GRPO = register_algorithm(
-    Algorithm("grpo", GRPOConfig, _stages("episode returns normalised within each reset-seed group", True),
-              GroupPolicyLearner, doc=__doc__ or "")  # fmt: skip
+    Algorithm(
+        "grpo",
+        GRPOConfig,
+        _stages("episode returns normalised within each reset-seed group", True),
+        GroupPolicyLearner,
+        doc=__doc__ or "",
+    )  # fmt: skip
 )
 DAPO = register_algorithm(
-    Algorithm("dapo", DAPOConfig, _stages("group-relative advantages; groups with equal returns dropped", True),
-              GroupPolicyLearner, doc=__doc__ or "")  # fmt: skip
+    Algorithm(
+        "dapo",
+        DAPOConfig,
+        _stages("group-relative advantages; groups with equal returns dropped", True),
+        GroupPolicyLearner,
+        doc=__doc__ or "",
+    )  # fmt: skip
 )
 REINFORCE_PP = register_algorithm(
-    Algorithm("reinforcepp", ReinforcePPConfig, _stages("discounted returns-to-go, batch-normalised", False),
-              GroupPolicyLearner, doc=__doc__ or "")  # fmt: skip
+    Algorithm(
+        "reinforcepp",
+        ReinforcePPConfig,
+        _stages("discounted returns-to-go, batch-normalised", False),
+        GroupPolicyLearner,
+        doc=__doc__ or "",
+    )  # fmt: skip
 )

@@ -76,7 +76,9 @@ def train_offpolicy(
     torch.manual_seed(seed)
     env = gym.make(env_id)
     env.action_space.seed(seed)
-    policy = make_policy("mlp", env.observation_space, env.action_space, **sac_policy_kwargs(policy_hidden_sizes))
+    policy = make_policy(
+        "mlp", env.observation_space, env.action_space, **sac_policy_kwargs(policy_hidden_sizes)
+    )
     learner = algo.make_learner(policy, cfg, seed=seed)
     if demos is not None:
         learner.add_demos(demos)

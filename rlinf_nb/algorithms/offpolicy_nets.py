@@ -37,7 +37,9 @@ class EnsembleLinear(nn.Module):
     def __init__(self, num_members: int, in_features: int, out_features: int):
         super().__init__()
         bound = 1.0 / math.sqrt(in_features)
-        self.weight = nn.Parameter(torch.empty(num_members, in_features, out_features).uniform_(-bound, bound))
+        self.weight = nn.Parameter(
+            torch.empty(num_members, in_features, out_features).uniform_(-bound, bound)
+        )
         self.bias = nn.Parameter(torch.empty(num_members, 1, out_features).uniform_(-bound, bound))
 
     def forward(self, x: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlinf_nb import tree
 from rlinf_nb.config import ConfigError, param
 
 from . import functional as F
@@ -107,13 +108,14 @@ class PPOLearner:
         return cfg.lr
 
     def update(self, batch: dict[str, np.ndarray], cfg: PPOConfig, progress: float) -> dict[str, float]:
-        obs = torch.as_tensor(batch["obs"]).flatten(0, 1)
+        # obs: [T, N, ...], or a dict of such arrays (images + state), kept in their dtypes (uint8)
+        obs = tree.map(lambda a: torch.as_tensor(a).flatten(0, 1), batch["obs"])
         actions = torch.as_tensor(batch["actions"]).flatten(0, 1)
         old_logp = torch.as_tensor(batch["logprobs"]).flatten(0, 1)
         old_values = torch.as_tensor(batch["values"]).flatten(0, 1)
         advantages = torch.as_tensor(batch["advantages"]).flatten(0, 1)
         returns = torch.as_tensor(batch["returns"]).flatten(0, 1)
-        n = obs.shape[0]
+        n = tree.batch_size(obs)
         lr = self.current_lr(cfg, progress)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -126,7 +128,7 @@ class PPOLearner:
             perm = torch.randperm(n, generator=self.generator)
             for start in range(0, n - mb + 1, mb):
                 idx = perm[start : start + mb]
-                logp, entropy, values = self.policy.evaluate(obs[idx], actions[idx])
+                logp, entropy, values = self.policy.evaluate(tree.index(obs, idx), actions[idx])
                 adv = advantages[idx]
                 if cfg.normalize_advantages and adv.numel() > 1:
                     adv = F.normalize_advantages(adv)

@@ -4,6 +4,11 @@ An algorithm is data: an ordered list of named :class:`Stage` functions run by t
 run controller (``rollout -> advantages -> update -> sync_weights`` for PPO), a typed
 config class for its ``algo:`` section, and an ``update`` function the learner
 worker calls. Register with :func:`register_algorithm`; look up with :func:`get_algorithm`.
+
+An algorithm registered in a notebook cell runs on the cluster too: ``launch`` ships the
+:class:`Algorithm` to the run's controller (cloudpickle pickles what a cell defines by value:
+its config class, stage functions and learner class), which installs it in its own process
+with :func:`install_algorithm` and hands it to the learner worker.
 """
 
 from __future__ import annotations
@@ -39,6 +44,14 @@ class Algorithm:
 
 
 def register_algorithm(algo: Algorithm) -> Algorithm:
+    _REGISTRY[algo.name] = algo
+    return algo
+
+
+def install_algorithm(algo: Algorithm) -> Algorithm:
+    """Make ``algo`` the one registered under its name here, after the built-in ones (so a shipped
+    algorithm that reuses a built-in name is not replaced when the built-ins load)."""
+    _load_builtin()
     _REGISTRY[algo.name] = algo
     return algo
 

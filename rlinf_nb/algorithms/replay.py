@@ -203,5 +203,7 @@ class MixedReplay:
         keys = set(parts[0])
         for p in parts[1:]:
             if set(p) != keys:
-                raise ValueError(f"MixedReplay.sample: buffers hold different fields: {sorted(keys)} vs {sorted(p)}")
+                raise ValueError(
+                    f"MixedReplay.sample: buffers hold different fields: {sorted(keys)} vs {sorted(p)}"
+                )
         return unflatten_fields({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})

@@ -83,18 +83,25 @@ class OffPolicyConfig:
         1000, doc="transitions in the buffer before gradient steps start", range=(0, 1_000_000_000)
     )
     random_steps: int = param(
-        1000, doc="env steps (over all envs) with uniform random actions at the start", range=(0, 1_000_000_000)
+        1000,
+        doc="env steps (over all envs) with uniform random actions at the start",
+        range=(0, 1_000_000_000),
     )
     collect_steps: int = param(8, doc="env steps per env per collect stage", range=(1, 1_000_000))
     gamma: float = param(0.99, doc="discount factor", live=True, range=(0.0, 1.0))
     lr: float = param(1e-3, doc="Adam learning rate of the critics", live=True, range=(1e-7, 1.0))
     actor_lr: float | None = param(
-        None, doc="Adam learning rate of the actor and the temperature; None = lr", live=True, range=(1e-7, 1.0)
+        None,
+        doc="Adam learning rate of the actor and the temperature; None = lr",
+        live=True,
+        range=(1e-7, 1.0),
     )
     adam_beta1: float = param(0.9, doc="Adam beta1 of every optimizer", range=(0.0, 0.999))
     utd: float = param(1.0, doc="gradient steps per collected transition (update-to-data ratio)", live=True,
                        range=(0.0, 1000.0))  # fmt: skip
-    policy_delay: int = param(1, doc="critic steps per actor and temperature step", live=True, range=(1, 1000))
+    policy_delay: int = param(
+        1, doc="critic steps per actor and temperature step", live=True, range=(1, 1000)
+    )
     critic_hidden_sizes: tuple[int, ...] = param((256, 256), doc="widths of each critic's hidden layers")
     num_critics: int = param(2, doc="critics in the ensemble (2 = twin Q)", range=(1, 100))
     init_alpha: float = param(1.0, doc="initial entropy temperature", range=(1e-8, 1e4))
@@ -109,7 +116,9 @@ class OffPolicyConfig:
 
     def validate(self) -> None:
         if any(s < 1 for s in self.critic_hidden_sizes):
-            raise ConfigError("critic_hidden_sizes", self.critic_hidden_sizes, "every layer width must be >= 1")
+            raise ConfigError(
+                "critic_hidden_sizes", self.critic_hidden_sizes, "every layer width must be >= 1"
+            )
 
 
 @dataclass
@@ -126,9 +135,13 @@ class CrossQConfig(OffPolicyConfig):
     """Hyperparameters of CrossQ: batch-norm critics, no target network (Pendulum-v1 defaults)."""
 
     adam_beta1: float = param(0.5, doc="Adam beta1 of every optimizer", range=(0.0, 0.999))
-    policy_delay: int = param(3, doc="critic steps per actor and temperature step", live=True, range=(1, 1000))
+    policy_delay: int = param(
+        3, doc="critic steps per actor and temperature step", live=True, range=(1, 1000)
+    )
     bn_momentum: float = param(
-        0.01, doc="running-statistics momentum of the critics' batch norms (PyTorch convention)", range=(0.0, 1.0)
+        0.01,
+        doc="running-statistics momentum of the critics' batch norms (PyTorch convention)",
+        range=(0.0, 1.0),
     )
 
 
@@ -143,7 +156,9 @@ class RLPDConfig(SACConfig):
     critic_norm: str = param("layer", doc="per-layer critic normalisation", choices=("none", "layer"))
     demo_fraction: float = param(0.5, doc="share of each batch drawn from the demo buffer", live=True,
                                  range=(0.0, 1.0))  # fmt: skip
-    demo_buffer_size: int = param(1_000_000, doc="demo buffer capacity in transitions", range=(1, 1_000_000_000))
+    demo_buffer_size: int = param(
+        1_000_000, doc="demo buffer capacity in transitions", range=(1, 1_000_000_000)
+    )
     demos: str | None = param(
         None,
         doc="demo episodes loaded into the demo buffer at the start: 'scripted:<n>' = n successful episodes "
@@ -216,7 +231,9 @@ def as_transitions(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
     for key, value in src.items():
         arr = np.asarray(value)
         if arr.shape[:lead] != rewards.shape:
-            raise ValueError(f"transitions: {key} has shape {arr.shape}, expected leading dims {rewards.shape}")
+            raise ValueError(
+                f"transitions: {key} has shape {arr.shape}, expected leading dims {rewards.shape}"
+            )
         out[key] = arr.reshape(-1, *arr.shape[lead:]) if lead == 2 else arr
     out["rewards"] = out["rewards"].astype(np.float32)
     out["terminated"] = out["terminated"].astype(np.float32)
@@ -252,10 +269,16 @@ class SACLearner:
         action_dim: int | None = None,
     ):
         self.policy = policy
+        space = getattr(policy, "obs_space", None)
+        if obs_dim is None and (isinstance(space, Mapping) or not hasattr(policy, "obs_dim")):
+            keys = ", ".join(map(str, space)) if isinstance(space, Mapping) else type(policy).__name__
+            raise ValueError(
+                f"{type(self).__name__}: dict observations ({keys}) are not supported by the SAC family "
+                "(sac, crossq, rlpd) yet: its critics are MLPs on one flat observation vector. For camera "
+                "images use ppo or grpo with the 'cnn' policy, or a state obs_mode."
+            )
         self.obs_dim = int(obs_dim if obs_dim is not None else policy.obs_dim)
-        self.action_dim = int(
-            action_dim if action_dim is not None else np.prod(policy.action_space.shape)
-        )
+        self.action_dim = int(action_dim if action_dim is not None else np.prod(policy.action_space.shape))
         self.critic = self._make_critic(cfg)
         self.critic_target = None
         if self.uses_target:
@@ -265,7 +288,9 @@ class SACLearner:
         self.target_entropy = float(
             cfg.target_entropy if cfg.target_entropy is not None else -self.action_dim
         )
-        actor_params = policy.actor_parameters() if hasattr(policy, "actor_parameters") else policy.parameters()
+        actor_params = (
+            policy.actor_parameters() if hasattr(policy, "actor_parameters") else policy.parameters()
+        )
         self.actor_params = list(actor_params)
         actor_lr = cfg.actor_lr if cfg.actor_lr is not None else cfg.lr
         self.actor_optimizer = _adam(self.actor_params, actor_lr, cfg.adam_beta1)
@@ -295,7 +320,9 @@ class SACLearner:
         """A training batch of ``cfg.batch_size`` transitions as float32 tensors."""
         return self._tensors(self.replay.sample(cfg.batch_size, self.rng))
 
-    def _target_q(self, b: Mapping[str, torch.Tensor], next_obs_q: torch.Tensor, cfg: OffPolicyConfig) -> torch.Tensor:
+    def _target_q(
+        self, b: Mapping[str, torch.Tensor], next_obs_q: torch.Tensor, cfg: OffPolicyConfig
+    ) -> torch.Tensor:
         return OF.reduce_ensemble(next_obs_q, "min")
 
     def critic_loss(self, b: Mapping[str, torch.Tensor], cfg: OffPolicyConfig) -> OF.CriticLossTerms:
@@ -324,7 +351,9 @@ class SACLearner:
         temp = OF.temperature_loss(self.log_alpha, logp, self.target_entropy)
         return actor, temp
 
-    def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor, params: Any, cfg: OffPolicyConfig) -> None:
+    def _step(
+        self, opt: torch.optim.Optimizer, loss: torch.Tensor, params: Any, cfg: OffPolicyConfig
+    ) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm > 0:
@@ -337,7 +366,11 @@ class SACLearner:
         c = self.critic_loss(b, cfg)
         self._step(self.critic_optimizer, c.loss, list(self.critic.parameters()), cfg)
         self.num_updates += 1
-        out = {"critic_loss": float(c.loss.detach()), "q_mean": float(c.q_mean), "td_error": float(c.td_error)}
+        out = {
+            "critic_loss": float(c.loss.detach()),
+            "q_mean": float(c.q_mean),
+            "td_error": float(c.td_error),
+        }
         if self.num_updates % cfg.policy_delay == 0:
             actor, temp = self.actor_loss(b, cfg)
             self._step(self.actor_optimizer, actor.loss, self.actor_params, cfg)
@@ -388,7 +421,9 @@ class SACLearner:
                    replay_size=float(len(self.replay)))  # fmt: skip
         return out
 
-    def update(self, batch: Mapping[str, Any], cfg: OffPolicyConfig, progress: float = 0.0) -> dict[str, float]:
+    def update(
+        self, batch: Mapping[str, Any], cfg: OffPolicyConfig, progress: float = 0.0
+    ) -> dict[str, float]:
         """Append ``batch``, then ``cfg.utd`` gradient steps per new transition (fractions carry over)."""
         n = self.add(batch)
         if not self.ready(cfg):
@@ -419,7 +454,11 @@ class SACLearner:
             "replay": self.replay.state_dict(),
             "rng": self.rng.bit_generator.state,
             "generator": self.generator.get_state(),
-            "counters": {"num_updates": self.num_updates, "num_added": self.num_added, "credit": self._credit},
+            "counters": {
+                "num_updates": self.num_updates,
+                "num_added": self.num_added,
+                "credit": self._credit,
+            },
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -436,7 +475,11 @@ class SACLearner:
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["generator"])
         c = state["counters"]
-        self.num_updates, self.num_added, self._credit = int(c["num_updates"]), int(c["num_added"]), float(c["credit"])
+        self.num_updates, self.num_added, self._credit = (
+            int(c["num_updates"]),
+            int(c["num_added"]),
+            float(c["credit"]),
+        )
 
 
 class CrossQLearner(SACLearner):
@@ -447,7 +490,9 @@ class CrossQLearner(SACLearner):
 
     def _make_critic(self, cfg: OffPolicyConfig) -> EnsembleQ:
         momentum = getattr(cfg, "bn_momentum", 0.01)
-        return EnsembleQ(self.obs_dim, self.action_dim, cfg.critic_hidden_sizes, cfg.num_critics, "batch", momentum)
+        return EnsembleQ(
+            self.obs_dim, self.action_dim, cfg.critic_hidden_sizes, cfg.num_critics, "batch", momentum
+        )
 
     def critic_loss(self, b: Mapping[str, torch.Tensor], cfg: OffPolicyConfig) -> OF.CriticLossTerms:
         """One train-mode critic pass over ``cat(s, s')``, ``cat(a, a')``; the ``s'`` half is the target."""
@@ -507,7 +552,9 @@ class RLPDLearner(SACLearner):
         mixed = MixedReplay([self.replay, self.demos], [1.0 - cfg.demo_fraction, cfg.demo_fraction])
         return self._tensors(mixed.sample(cfg.batch_size, self.rng))
 
-    def _target_q(self, b: Mapping[str, torch.Tensor], next_obs_q: torch.Tensor, cfg: RLPDConfig) -> torch.Tensor:  # type: ignore[override]
+    def _target_q(
+        self, b: Mapping[str, torch.Tensor], next_obs_q: torch.Tensor, cfg: RLPDConfig
+    ) -> torch.Tensor:  # type: ignore[override]
         subset = torch.randperm(next_obs_q.shape[0], generator=self.generator)[: cfg.critic_subset]
         return OF.reduce_ensemble(next_obs_q, "min", subset)
 
@@ -553,14 +600,29 @@ def _offpolicy_stages(update_doc: str) -> tuple[Stage, ...]:
 
 
 SAC = register_algorithm(
-    Algorithm("sac", SACConfig, _offpolicy_stages("replay append; twin-Q, actor and temperature steps"),
-              SACLearner, doc=__doc__ or "")  # fmt: skip
+    Algorithm(
+        "sac",
+        SACConfig,
+        _offpolicy_stages("replay append; twin-Q, actor and temperature steps"),
+        SACLearner,
+        doc=__doc__ or "",
+    )  # fmt: skip
 )
 CROSSQ = register_algorithm(
-    Algorithm("crossq", CrossQConfig, _offpolicy_stages("replay append; batch-norm critic steps, no target"),
-              CrossQLearner, doc=__doc__ or "")  # fmt: skip
+    Algorithm(
+        "crossq",
+        CrossQConfig,
+        _offpolicy_stages("replay append; batch-norm critic steps, no target"),
+        CrossQLearner,
+        doc=__doc__ or "",
+    )  # fmt: skip
 )
 RLPD = register_algorithm(
-    Algorithm("rlpd", RLPDConfig, _offpolicy_stages("replay append; 50/50 demo batches, critic ensemble steps"),
-              RLPDLearner, doc=__doc__ or "")  # fmt: skip
+    Algorithm(
+        "rlpd",
+        RLPDConfig,
+        _offpolicy_stages("replay append; 50/50 demo batches, critic ensemble steps"),
+        RLPDLearner,
+        doc=__doc__ or "",
+    )  # fmt: skip
 )

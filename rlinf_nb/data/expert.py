@@ -77,7 +77,9 @@ def cached_scripted_dataset(env_cfg: Mapping[str, Any], episodes: int, seed: int
     seed; a dataset is used only once complete (merge renames it into place at the end).
     """
     kwargs = {k: v for k, v in dict(env_cfg.get("kwargs") or {}).items() if k != "render_mode"}
-    key = json.dumps({"id": env_cfg["id"], "kwargs": kwargs, "episodes": episodes, "seed": seed}, sort_keys=True)
+    key = json.dumps(
+        {"id": env_cfg["id"], "kwargs": kwargs, "episodes": episodes, "seed": seed}, sort_keys=True
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     name = env_cfg["id"].replace(":", "-").replace("/", "-")
     out = home() / "datasets" / f"scripted-{name}-{episodes}ep-{digest}"

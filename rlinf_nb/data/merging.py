@@ -15,7 +15,9 @@ __all__ = ["merge", "resolve_sources"]
 
 def resolve_sources(sources: str | Path | Sequence[str | Path]) -> list[Path]:
     """Dataset directories named by ``sources``: a recording root expands to its finalized
-    shards (unfinished ones are skipped); a dataset directory stands for itself."""
+    shards (unfinished ones are skipped); a dataset directory stands for itself; a directory of
+    recording roots (a run's ``data/`` with one ``env-<rank>`` root per env worker) expands to
+    each root's shards, roots in name order."""
     items = [sources] if isinstance(sources, str | Path) else list(sources)
     out: list[Path] = []
     for item in items:
@@ -24,9 +26,16 @@ def resolve_sources(sources: str | Path | Sequence[str | Path]) -> list[Path]:
             raise FileNotFoundError(f"merge: {path} does not exist")
         if shards.is_recording_root(path):
             out.extend(shards.scan(path).finalized)
+        elif path.is_dir() and not (path / "meta").exists() and (roots := _recording_roots(path)):
+            for root in roots:
+                out.extend(shards.scan(root).finalized)
         else:
             out.append(require_dataset(path))
     return out
+
+
+def _recording_roots(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir() and shards.is_recording_root(p))
 
 
 def merge(sources: str | Path | Sequence[str | Path], out: str | Path) -> Path:

@@ -17,6 +17,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rlinf_nb import tree
+
 _BACKENDS: dict[str, Callable[..., VecEnv]] = {}
 # prefix -> module that registers it when imported (imported on first use)
 _LAZY_BACKENDS = {"robot": "rlinf_nb.envs.robot_env"}
@@ -99,11 +101,11 @@ class VecEnv:
             result.applied_actions = _step_info(info, "applied_action", done)
             self._ep_intervened |= result.intervened
         if done.any():
-            final = np.zeros_like(obs)
+            final = tree.map(np.zeros_like, obs)  # an array, or a dict of arrays (Dict spaces)
             mask = info.get("_final_obs", done)
             for i in np.flatnonzero(done):
                 if mask[i]:
-                    final[i] = info["final_obs"][i]
+                    tree.assign(final, i, info["final_obs"][i])
             result.final_obs = final
             result.episode_returns = self._returns[done].tolist()
             result.episode_lengths = self._lengths[done].tolist()

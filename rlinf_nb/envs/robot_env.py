@@ -23,7 +23,7 @@ teleop one. Each step's ``info`` has ``intervened`` (the human drove), ``human_w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -185,12 +185,17 @@ class RobotEnv(gym.Env):
             self.observation_space = gym.spaces.Dict(spaces)
         self.last_teleop: dict[str, TeleopState] = {}
         self._steps = 0
+        self.estop_wait: Callable[[RobotEnv], None] | None = None
+        """Called by :meth:`reset` while the e-stop is latched instead of raising: it returns once the
+        e-stop is cleared (a run's env worker installs one, so its rollout waits for the clear)."""
         if not self.robot.is_connected:
             self.robot.connect()
 
     # -- gymnasium API ----------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
+        if self.robot.estopped and self.estop_wait is not None:
+            self.estop_wait(self)
         if self.robot.estopped:
             raise EStopLatchedError(
                 f"RobotEnv: the e-stop of {self.robot.name!r} is latched ({self.robot.estop_latch.reason}); "
@@ -235,6 +240,11 @@ class RobotEnv(gym.Env):
             **ev.info,
         }
         return self._observation(), reward, terminated, truncated, info
+
+    @property
+    def episode_step(self) -> int:
+        """Steps taken in the present episode."""
+        return self._steps
 
     def human_command(self, cmd: Mapping[str, Any]) -> None:
         """Pass a notebook/dashboard command (take_over, action, hand_back, mark) to the human in the loop."""
