@@ -6,16 +6,22 @@ For each seed: time from ``rl.launch`` (warm cluster) to the first update whose
 ``episode_return_mean`` (mean of the last 20 episodes) is >= 475, the env steps it
 took, and env-steps/s; then the same for SB3 PPO (bench/ppo_reference.py::train_sb3,
 stopped by the same rule) and for our single-process reference loop built from the
-same maths (bench/ppo_reference.py::train_ppo). Prints medians and ratios.
+same maths (bench/ppo_reference.py::train_ppo), and RLlib PPO (bench/rllib_ppo_cartpole.py)
+with the same hyperparameters. Prints medians and ratios.
 
-RLlib is not measured yet: ``ray[rllib]`` 2.60 pins ``gymnasium==1.2.2`` while this
-venv has 1.4 (LeRobot/ManiSkill resolve to it); it needs its own venv.
+RLlib runs in its own venv, ``bench/.venv-rllib``: ``ray[rllib]`` pins ``gymnasium==1.2.2``
+while the project venv has 1.4 (LeRobot/ManiSkill resolve to it). The first run creates it
+with uv (``ray[rllib]`` at this venv's Ray version, the same torch; from uv's cache once
+``make setup`` has run: seconds, no download). ``--skip-rllib`` leaves it out.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -28,6 +34,37 @@ import ppo_reference  # noqa: E402
 import rlinf_nb as rl  # noqa: E402
 
 TARGET = 475.0
+HERE = Path(__file__).resolve().parent
+RLLIB_VENV = HERE / ".venv-rllib"
+
+
+def rllib_python() -> Path:
+    """The RLlib venv's python, created on first use with uv (same Ray and torch versions as ours)."""
+    python = RLLIB_VENV / "bin" / "python"
+    if python.exists():
+        return python
+    import ray
+    import torch
+
+    torch_version = torch.__version__.split("+")[0]  # the local tag (+cu128) is not on PyPI's index
+    uv = shutil.which("uv") or str(Path.home() / ".local" / "bin" / "uv")
+    print(
+        f"[bench] creating {RLLIB_VENV} (ray[rllib]=={ray.__version__}, torch=={torch_version})",
+        flush=True,
+    )
+    subprocess.run([uv, "venv", "-q", str(RLLIB_VENV), "--python", sys.executable], check=True)
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(python), f"ray[rllib]=={ray.__version__}",
+                    f"torch=={torch_version}"], check=True)  # fmt: skip
+    return python
+
+
+def rllib(seed: int) -> dict:
+    """One seed of RLlib PPO in its own venv and process; its last stdout line is the result."""
+    proc = subprocess.run([str(rllib_python()), str(HERE / "rllib_ppo_cartpole.py"), "--seed", str(seed)],
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"RLlib PPO failed (seed {seed}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def ours(seed: int) -> dict:
@@ -56,7 +93,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--skip-rllib", action="store_true")
     args = parser.parse_args()
+    if not args.skip_rllib:
+        rllib_python()  # before anything is measured: a failed venv should not waste the other runs
     rl.attach(quiet=True)
     rows = []
     for seed in args.seeds:
@@ -66,6 +106,8 @@ def main() -> None:
             rows.append(
                 as_row(ppo_reference.train_ppo(ppo_reference.PPOSettings(), seed), "single-process reference")
             )
+        if not args.skip_rllib:
+            rows.append(rllib(seed))
     print(f"\n{'impl':<26}{'seed':>5}{'reached':>9}{'steps':>9}{'seconds':>9}{'steps/s':>9}{'startup':>9}")
     for r in rows:
         print(f"{r['impl']:<26}{r['seed']:>5}{str(r['reached']):>9}{r['steps']:>9}{r['seconds']:>9.1f}"
@@ -82,7 +124,11 @@ def main() -> None:
         print(f"  {impl:<26}{secs:>8.1f} s {sps:>8.0f} steps/s")
     ours_t, sb3_t = med["rlinf-nb (cluster)"][0], med["stable-baselines3 PPO"][0]
     print(f"\nrlinf-nb time-to-475 / SB3 = {ours_t / sb3_t:.2f}  (target <= 1.0)")
-    print("RLlib: not measured (ray[rllib] pins gymnasium==1.2.2; needs a separate venv)")
+    if "RLlib PPO" in med:
+        print(
+            f"RLlib time-to-475 / rlinf-nb = {med['RLlib PPO'][0] / ours_t:.2f}  (target >= 3.0; RLlib's "
+            "time includes its ray.init and build, as ours includes launch)"
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ BENCHES = [
     "bench_channel.py",
     "bench_codec.py",
     "bench_ppo_cartpole.py",
+    "bench_sac_pendulum.py",
     "bench_dashboard.py",
+    "bench_dashboard_calls.py",
     "bench_maniskill.py",
     "bench_latency.py",
 ]

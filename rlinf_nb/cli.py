@@ -48,6 +48,13 @@ def _cluster_status(args: argparse.Namespace) -> int:
         res_text = ", ".join(f"{k}={v:g}" for k, v in sorted(res.items()) if "memory" not in k)
         print(f"{names.get(node['address'], '?'):<14}{node['address']:<16}{str(node['alive']):<7}{res_text}")
     print(f"runs: {', '.join(info['runs']) or '(none)'}")
+    if info["robots"]:
+        by_id = {n["node_id"]: n["address"] for n in info["nodes"]}
+        print("robots:")
+        for r in info["robots"]:
+            held = r["held_by"]
+            who = f"held by run {held['run']!r}, env worker {held['rank']}" if held else "free"
+            print(f"  {r['robot']:<12}{names.get(by_id.get(r['node_id']), '?'):<14}{who}")
     print(f"actors: {', '.join(info['actors']) or '(none)'}")
     return 0
 

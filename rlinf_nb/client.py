@@ -8,6 +8,7 @@ heavy happens in the kernel; restarting it never touches a run.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -52,6 +53,7 @@ def resolve_config(config_or_recipe: str | Mapping[str, Any] | RunConfig, **over
 
 def _default_name(cfg: RunConfig) -> str:
     env = cfg.env.id.split(":")[-1].split("-")[0].lower()
+    env = re.sub(r"[^a-z0-9_.]+", "_", env).strip("_.") or "env"  # robot:mock_arm/reach -> mock_arm_reach
     return f"{cfg.algorithm}_{env}_{_dt.datetime.now().strftime('%Y%m%d_%H%M%S')}"
 
 
@@ -192,6 +194,7 @@ class Run:
         self.name = name
         self.run_dir = RunDir(name)
         self._handle = None
+        self._frames: Any = None  # a FrameReader on the run's frames channel (see latest_frames)
 
     def __repr__(self) -> str:
         try:
@@ -325,17 +328,23 @@ class Run:
         return self._call("revert", stage)
 
     # -- human in the loop (robot envs made with a ``human`` kwarg) ---------------------------
-    def take_over(self, env: int = 0) -> None:
-        """A human takes over env ``env``: until :meth:`hand_back` it applies :meth:`human_action`'s action."""
-        self._human(env, {"kind": "take_over"})
+    def take_over(self, env: int = 0, arm: str | None = None) -> None:
+        """A human takes over env ``env``: until :meth:`hand_back` it applies :meth:`human_action`'s action.
 
-    def human_action(self, action: Any, env: int = 0) -> None:
-        """The human's action for env ``env`` (held until the next one; ee_delta envs: x, y, z in [-1, 1])."""
-        self._human(env, {"kind": "action", "action": [float(x) for x in action]})
+        ``arm`` (a path such as ``"left/arm"``, multi-arm robots): only that arm; the policy keeps the others.
+        """
+        self._human(env, {"kind": "take_over", **({"arm": arm} if arm is not None else {})})
 
-    def hand_back(self, env: int = 0) -> None:
-        """Give env ``env`` back to the policy (blended over the env's ``blend_steps``)."""
-        self._human(env, {"kind": "hand_back"})
+    def human_action(self, action: Any, env: int = 0, arm: str | None = None) -> None:
+        """The human's action for env ``env`` (held until the next one; ee_delta envs: x, y, z in [-1, 1]).
+
+        With ``arm``, ``action`` is that arm's slice only (and takes that arm over)."""
+        cmd = {"kind": "action", "action": [float(x) for x in action]}
+        self._human(env, {**cmd, **({"arm": arm} if arm is not None else {})})
+
+    def hand_back(self, env: int = 0, arm: str | None = None) -> None:
+        """Give env ``env`` (or only its ``arm``) back to the policy (blended over the env's ``blend_steps``)."""
+        self._human(env, {"kind": "hand_back", **({"arm": arm} if arm is not None else {})})
 
     def mark(self, outcome: str, env: int = 0) -> None:
         """End env ``env``'s episode as a ``"success"`` or ``"failure"`` (the human's verdict)."""
@@ -372,7 +381,8 @@ class Run:
     def _human(self, env: int, cmd: dict[str, Any]) -> None:
         report = self._call("human", env, cmd)
         if not report["ok"]:
-            raise ValueError(f"run {self.name!r}: {cmd['kind']} on env {env}: {report['error']}")
+            where = f"env {env}" + (f" arm {cmd['arm']!r}" if "arm" in cmd else "")
+            raise ValueError(f"run {self.name!r}: {cmd['kind']} on {where}: {report['error']}")
 
     def checkpoint(self) -> str | None:
         return self._call("checkpoint_now", timeout=300)
@@ -380,8 +390,37 @@ class Run:
     def batch(self) -> BatchView:
         return BatchView(self)
 
-    def latest_frames(self) -> dict[int, Any]:
-        return self._call("latest_frames")
+    def latest_frames(self, since: dict[int, int] | None = None) -> dict[int, Any]:
+        """Each env worker's newest frames (needs ``env.render_every``): ``{rank: {"cameras": {name: HxWx3
+        uint8}, "frame": the first camera's, "env_steps": ..., "time": ...}}``. ``since`` (``{rank:
+        env_steps}`` already shown) leaves out the ranks with nothing newer. Read from the run's frames
+        channel directly (the controller only hands out the channel)."""
+        return self._read_frames("frames", since, {})
+
+    def latest_episode(self, since: str | None = None) -> dict[str, Any] | None:
+        """The newest finished episode's sampled frames (env 0 of an env worker, every ``env.render_every``
+        env steps, downscaled): ``{"id", "rank", "cameras": {name: [T, h, w, 3] uint8}, "env_steps": [...],
+        "episode_return", "episode_length", ...}``; None when there is none yet or its ``id`` is ``since``."""
+        return self._read_frames("episode", since, None)
+
+    def _read_frames(self, what: str, since: Any, empty: Any) -> Any:
+        import ray
+
+        from rlinf_nb.runtime.frame_reader import FrameReader
+
+        for attempt in range(2):
+            if self._frames is None:
+                channel, workers = self._call("frames_channel")
+                if channel is None:  # the run is still setting up
+                    return empty
+                self._frames = FrameReader(channel, workers)
+            try:
+                return getattr(self._frames, what)(since)
+            except ray.exceptions.RayActorError:  # a new controller (resumed run): a new channel
+                self._frames = None
+                if attempt:
+                    raise
+        return empty
 
     @property
     def hparams(self) -> dict[str, dict[str, Any]]:

@@ -137,8 +137,10 @@ def detach() -> None:
 
 
 def cluster_info() -> dict[str, Any]:
-    """Nodes (address, resources, alive), our runs, and our named actors."""
+    """Nodes (address, resources, alive), robots (node and holder), our runs, and our named actors."""
     import ray
+
+    from rlinf_nb.runtime.robot_claims import robot_table
 
     ensure_attached()
     nodes = [
@@ -161,4 +163,5 @@ def cluster_info() -> dict[str, Any]:
         "nodes": nodes,
         "runs": runs,
         "actors": sorted(actors),
+        "robots": robot_table(),
     }

@@ -45,8 +45,30 @@ class GroupConfig:
     resources: dict[str, float] = param(factory=dict, doc="extra Ray resources per worker (e.g. robot:arm0)")
 
 
+@dataclass
+class EnvGroupConfig(GroupConfig):
+    """The env workers: a worker group whose workers may each claim one robot of the cluster."""
+
+    robots: list[str] = param(
+        factory=list,
+        doc="robots claimed by the env workers, one per worker: worker i holds robot:<robots[i]> (a robot "
+        "node group of the cluster YAML) and runs env.id with '{robot}' replaced by its name; [] = none",
+    )
+
+    def validate(self) -> None:
+        from rlinf_nb.runtime.robot_claims import robot_problems
+
+        problem = robot_problems(self.robots, self.num_workers)
+        if problem is not None:
+            raise ConfigError("robots", *problem)
+
+
 # Defaults reserve one CPU per run in all, so two small runs fit side by side on 2 cores.
-def _env_group() -> GroupConfig:
+def _env_group() -> EnvGroupConfig:
+    return EnvGroupConfig(num_workers=1, num_cpus=0.25)
+
+
+def _rollout_group() -> GroupConfig:
     return GroupConfig(num_workers=1, num_cpus=0.25)
 
 
@@ -58,8 +80,8 @@ def _actor_group() -> GroupConfig:
 class PlacementConfig:
     """The worker groups of a run."""
 
-    env: GroupConfig = param(factory=_env_group, doc="env workers (simulators or robots)")
-    rollout: GroupConfig = param(factory=_env_group, doc="rollout workers (policy inference)")
+    env: EnvGroupConfig = param(factory=_env_group, doc="env workers (simulators or robots)")
+    rollout: GroupConfig = param(factory=_rollout_group, doc="rollout workers (policy inference)")
     actor: GroupConfig = param(factory=_actor_group, doc="the learner")
     env_to_rollout: str = param(
         "direct",
@@ -96,6 +118,31 @@ class PolicyConfig:
 
     name: str = param("mlp", doc="registered policy name (rlinf_nb.policies.registered_policies())")
     kwargs: dict[str, Any] = param(factory=dict, doc="arguments of the policy (e.g. hidden_sizes)")
+    chunk: int = param(
+        1,
+        doc="action chunk length k: the policy emits k actions per decision and the env workers run "
+        "them open loop, one per env step (1 = one action per step; on-policy algorithms only)",
+        range=(1, 1024),
+    )
+
+    def validate(self) -> None:
+        if "chunk" in self.kwargs:
+            raise ConfigError(
+                "kwargs.chunk", self.kwargs["chunk"],
+                "set policy.chunk instead: the env workers must know the chunk length to execute it",
+            )  # fmt: skip
+
+
+def policy_kwargs(policy_cfg: dict[str, Any]) -> dict[str, Any]:
+    """``make_policy`` keyword arguments of a resolved ``policy:`` section (a dict, as workers get it).
+
+    ``chunk`` is passed only when > 1, so policies without action chunks need not accept it.
+    """
+    kwargs = dict(policy_cfg.get("kwargs") or {})
+    chunk = int(policy_cfg.get("chunk", 1))
+    if chunk > 1:
+        kwargs["chunk"] = chunk
+    return kwargs
 
 
 @dataclass
@@ -141,10 +188,39 @@ class RunConfig:
             self.algo = build(algo.config_cls, section, path="algo")
         elif not isinstance(self.algo, algo.config_cls):
             raise ConfigError("algo", type(self.algo).__name__, f"expected {algo.config_cls.__name__}")
+        from rlinf_nb.runtime.robot_claims import ROBOT_PLACEHOLDER
+
+        if ROBOT_PLACEHOLDER in self.env.id and not self.placement.env.robots:
+            raise ConfigError(
+                "env.id",
+                self.env.id,
+                "'{robot}' is replaced by each env worker's robot: set placement.env.robots",
+            )
         # Checks of the algo section against the rest of the run (e.g. GRPO's groups vs the env count).
         check = getattr(self.algo, "validate_run", None)
         if check is not None:
             check(self)
+        if self.policy.chunk > 1:
+            self._validate_chunk(algo)
+
+    def _validate_chunk(self, algo: Any) -> None:
+        """Action chunks need an algorithm that executes them and a rollout length they divide."""
+        from rlinf_nb.algorithms.registry import get_algorithm, registered_algorithms
+
+        k = self.policy.chunk
+        if not algo.action_chunks:
+            able = [n for n in registered_algorithms() if get_algorithm(n).action_chunks]
+            raise ConfigError(
+                "policy.chunk", k,
+                f"allowed values: 1 for algorithm {self.algorithm!r} (it stores one action per env step); "
+                f"action chunks run with {', '.join(able)}",
+            )  # fmt: skip
+        steps = getattr(self.algo, "rollout_steps", None)
+        if steps is not None and steps % k:
+            raise ConfigError(
+                "algo.rollout_steps", steps,
+                f"must be a multiple of policy.chunk ({k}): each decision executes {k} env steps",
+            )  # fmt: skip
 
 
 # Short names a user may pass as keyword overrides / set_hparams.

@@ -6,7 +6,8 @@ gymnasium env. Built-in tasks (``@register_task``):
 
 - ``reach``: bring the end effector to a random target;
 - ``push``: push the puck to a random goal on the table;
-- ``insert``: lower the peg the arm holds into the block's hole.
+- ``insert``: lower the peg the arm holds into the block's hole;
+- ``bireach``: each arm of a multi-arm robot (``arms``) to its own target.
 
 Each has ``reward: dense`` (shaped, negative distances) or ``reward: sparse`` (1 on
 success, else 0), and reports ``success`` every step.
@@ -131,6 +132,11 @@ class Task(abc.ABC):
             self.scene = scene
         self._home = None if config.home is None else np.asarray(config.home, dtype=np.float64)
 
+    @property
+    def arms(self) -> dict[str, SafeArm]:
+        """The arms the task drives, by path, in action-layout order (one: ``{config.arm: arm}``)."""
+        return {self.config.arm: self.arm}
+
     # -- to implement -----------------------------------------------------------------------
     @property
     @abc.abstractmethod
@@ -158,17 +164,21 @@ class Task(abc.ABC):
             self.scene.reset()
         self.sample(rng)
 
-    def _move_home(self, tol: float = 1e-6, max_steps: int = 400) -> None:
-        if self.arm.can_teleport:
-            self.arm.teleport(self._home)
+    def _move_home(self, tol: float = 1e-6, max_steps: int = 400, arm: SafeArm | None = None,
+                   home: np.ndarray | None = None) -> None:  # fmt: skip
+        """Bring ``arm`` (default: the task's arm) to ``home`` (default: the task's home)."""
+        arm = self.arm if arm is None else arm
+        home = self._home if home is None else home
+        if arm.can_teleport:
+            arm.teleport(home)
             return
         for _ in range(max_steps):
-            if np.max(np.abs(self.arm.joint_positions() - self._home)) <= tol:
+            if np.max(np.abs(arm.joint_positions() - home)) <= tol:
                 return
-            self.arm.send(self._home)
+            arm.send(home)
             self.robot.tick()
         raise RobotError(
-            f"task {self.name}: the arm did not reach its home {self._home.tolist()} within {max_steps} steps"
+            f"task {self.name}: the arm did not reach its home {home.tolist()} within {max_steps} steps"
         )
 
     def ee(self) -> np.ndarray:
@@ -229,6 +239,102 @@ class ReachTask(Task):
     def evaluate(self) -> TaskEval:
         dist = float(np.linalg.norm(self.target - self.ee()))
         return self._score(-dist, dist < self.config.success_radius, distance=dist)
+
+
+# -- bimanual reach --------------------------------------------------------------------------
+
+
+@dataclass
+class BiReachConfig(TaskConfig):
+    """Each arm of a multi-arm robot reaches its own random target (success: all of them there)."""
+
+    arm: str = ""
+    """Leave empty: the first of ``arms`` (the env's primary arm)."""
+    arms: list[str] = field(default_factory=lambda: ["left/arm", "right/arm"])
+    """Paths of the arms, in action-layout order (each gets its own target box below)."""
+    target_low: list[list[float]] = field(default_factory=lambda: [[0.25, 0.0, 0.08], [0.25, -0.2, 0.08]])
+    """Per arm (same order as ``arms``): lower corner (m) of the box its target is drawn from."""
+    target_high: list[list[float]] = field(default_factory=lambda: [[0.55, 0.2, 0.35], [0.55, 0.0, 0.35]])
+    """Per arm: upper corner (m) of that box."""
+    success_radius: float = 0.03
+    """An arm is there when its end effector is this close (m) to its target."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.arms) < 2 or len(set(self.arms)) != len(self.arms):
+            raise SpecError(f"arms: expected two or more distinct arm paths, got {self.arms}")
+        if not self.arm:
+            self.arm = self.arms[0]
+        elif self.arm != self.arms[0]:
+            raise SpecError(f"arm: {self.arm!r} must be empty or the first of arms {self.arms}")
+        for name in ("target_low", "target_high"):
+            if len(getattr(self, name)) != len(self.arms):
+                raise SpecError(
+                    f"{name}: expected one box corner per arm ({len(self.arms)}), got {getattr(self, name)}"
+                )
+        for i, (lo, hi) in enumerate(zip(self.target_low, self.target_high, strict=True)):
+            _box(lo, hi, f"target_low[{i}]/target_high[{i}]")
+        if self.success_radius <= 0:
+            raise SpecError(f"success_radius must be > 0, got {self.success_radius}")
+
+
+@register_task("bireach")
+class BiReachTask(Task):
+    """Two (or more) arms, each to its own target; dense reward: minus the sum of the distances."""
+
+    config_class = BiReachConfig
+
+    def __init__(self, robot: Robot, config: BiReachConfig):
+        super().__init__(robot, config)
+        self._arms: dict[str, SafeArm] = {}
+        for path in config.arms:
+            arm = robot.component(path)
+            if not isinstance(arm, SafeArm) or not arm.has_kinematics:
+                raise SpecError(
+                    f"task bireach: arms: {path!r} is not an arm with kinematics; robot {robot.name!r} "
+                    f"has arms {', '.join(robot.components('arm'))}"
+                )
+            self._arms[path] = arm
+        self._homes: dict[str, np.ndarray] = {}
+        self.targets = np.zeros((len(config.arms), 3))
+
+    @property
+    def arms(self) -> dict[str, SafeArm]:
+        return dict(self._arms)
+
+    @property
+    def obs_dim(self) -> int:
+        return 6 * len(self._arms)
+
+    def reset(self, rng: np.random.Generator) -> None:
+        for path, arm in self._arms.items():
+            if path not in self._homes:
+                self._homes[path] = (
+                    arm.joint_positions() if path != self.config.arm or self._home is None else self._home
+                )
+            self._move_home(arm=arm, home=self._homes[path])
+        self.sample(rng)
+
+    def sample(self, rng: np.random.Generator) -> None:
+        cfg: BiReachConfig = self.config
+        self.targets = np.stack(
+            [rng.uniform(lo, hi) for lo, hi in zip(cfg.target_low, cfg.target_high, strict=True)]
+        )
+
+    def ees(self) -> np.ndarray:
+        """End-effector positions ``[n_arms, 3]`` in ``arms`` order."""
+        return np.stack([arm.ee_position() for arm in self._arms.values()])
+
+    def observation(self) -> np.ndarray:
+        return (
+            np.concatenate([self.targets, self.targets - self.ees()], axis=1).reshape(-1).astype(np.float32)
+        )
+
+    def evaluate(self) -> TaskEval:
+        dists = np.linalg.norm(self.targets - self.ees(), axis=1)
+        there = dists < self.config.success_radius
+        return self._score(-float(dists.sum()), bool(there.all()), distance=float(dists.max()),
+                           arms_there=there)  # fmt: skip
 
 
 # -- push -----------------------------------------------------------------------------------
@@ -372,6 +478,7 @@ def make_task(name: str, robot: Robot, **options: Any) -> Task:
 
 
 __all__ = [
+    "BiReachTask",
     "InsertTask",
     "PushTask",
     "ReachTask",

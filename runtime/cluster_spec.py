@@ -48,6 +48,9 @@ class NodeGroupSpec:
     def validate(self) -> None:
         if not self.label or not self.label.replace("_", "").replace("-", "").isalnum():
             raise ConfigError("label", self.label, "labels are non-empty and use letters, digits, '-' or '_'")
+        for key in ("num_cpus", "num_gpus"):  # `ray start` takes whole numbers of CPUs and GPUs per node
+            if float(getattr(self, key)) != int(getattr(self, key)):
+                raise ConfigError(key, getattr(self, key), "a node advertises a whole number (0, 1, 2, ...)")
         if self.robots and self.num_nodes != 1:
             raise ConfigError("num_nodes", self.num_nodes, "a group with robots has exactly one node")
 

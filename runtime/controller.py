@@ -29,6 +29,7 @@ from rlinf_nb.config import ConfigError, build, to_dict
 from rlinf_nb.run_config import RunConfig, live_params, resolve_key
 
 from .channel import Channel
+from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
 from .rundir import RunDir, dedupe_steps
 from .worker import GroupFuture, GroupPlacement, WorkerGroup, check_placement
@@ -133,6 +134,7 @@ class RunControllerImpl:
         # Human in the loop (robot envs with a human): per-episode clean successes, last segment's rate
         self.clean_success_window: collections.deque = collections.deque(maxlen=self.cfg.metrics_window)
         self.intervention_rate: float | None = None
+        self.arm_intervention_rates: dict[str, float] = {}  # multi-arm robots: per arm path
         self.robots = RobotFleet(self)  # robot envs: e-stop commands and their last state
         self.stage_times: dict[str, float] = {}
         self.recordings_closed = False
@@ -145,6 +147,10 @@ class RunControllerImpl:
         self.groups: dict[str, WorkerGroup] = {}
         self.channels: dict[str, Channel] = {}
         self.placement_info: list[dict[str, Any]] = []
+        self.claimed_robots: list[str] = []  # placement.env.robots, once claimed (released when the run ends)
+        self.released = False
+        self.worker_env_steps: collections.Counter = collections.Counter()  # env steps per env worker rank
+        self.worker_episodes: collections.Counter = collections.Counter()  # episodes per env worker rank
         self.resumed_from: int | None = None
         self.ended_at: float | None = None
         self._segment: tuple[Any, Any] | None = None  # off-policy: the collection segment in flight
@@ -177,8 +183,13 @@ class RunControllerImpl:
         p = cfg.placement
         placements = {
             "env": GroupPlacement(
-                p.env.num_workers, p.env.num_cpus, p.env.num_gpus, p.env.node_group, p.env.resources
-            ),
+                p.env.num_workers,
+                p.env.num_cpus,
+                p.env.num_gpus,
+                p.env.node_group,
+                p.env.resources,
+                rank_resources(p.env.robots),  # worker i also asks for robot:<robots[i]>
+            ),  # fmt: skip
             "rollout": GroupPlacement(
                 p.rollout.num_workers,
                 p.rollout.num_cpus,
@@ -190,6 +201,9 @@ class RunControllerImpl:
                 p.actor.num_workers, p.actor.num_cpus, p.actor.num_gpus, p.actor.node_group, p.actor.resources
             ),  # fmt: skip
         }
+        # Robots first: a held or unknown robot fails here, naming it (and who holds it).
+        claim_robots(self.name, p.env.robots, run_alive=_run_alive, node_group=p.env.node_group)
+        self.claimed_robots = list(p.env.robots)
         check_placement(placements)
         n_env = p.env.num_workers
         self.channels = {
@@ -201,7 +215,7 @@ class RunControllerImpl:
         env_dict = to_dict(cfg.env)
         self.groups["env"] = WorkerGroup(
             "env", EnvWorker, placements["env"], (env_dict, cfg.seed),
-            {"record": self._record_section(), "compression": to_dict(cfg.compression)},
+            {"record": self._record_section(), "compression": to_dict(cfg.compression), "robots": p.env.robots},
             max_restarts=3,
         )  # fmt: skip
         obs_space, action_space = self.groups["env"].call_one(0, "spaces").get(timeout=300)[0]
@@ -302,23 +316,37 @@ class RunControllerImpl:
         )
 
     def _start_segment(self, steps: int, transitions: bool) -> tuple[Any, Any]:
-        """Start ``steps`` env steps on every env worker, served by the rollout workers (non-blocking)."""
+        """Start ``steps`` env steps on every env worker, served by the rollout workers (non-blocking).
+
+        With action chunks (``policy.chunk = k``) the policy answers once per ``k`` steps.
+        """
+        from rlinf_nb.algorithms.chunks import check_chunk_steps
+
         ch = self.channels
+        chunk = self.cfg.policy.chunk
+        decisions = check_chunk_steps(steps, chunk, "rollout steps")
         if self.cfg.placement.env_to_rollout == "direct":
             policies = self.groups["rollout"].actors
             n_roll = len(policies)
             env_fut = self.groups["env"].call(
-                "rollout_direct", steps, ch["trajectories"], ch["frames"], transitions,
+                "rollout_direct", steps, ch["trajectories"], ch["frames"], transitions, chunk=chunk,
                 rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["rollout"], "infer", [])
         env_fut = self.groups["env"].call(
-            "rollout", steps, ch["obs"], ch["actions"], ch["trajectories"], ch["frames"], transitions
+            "rollout",
+            steps,
+            ch["obs"],
+            ch["actions"],
+            ch["trajectories"],
+            ch["frames"],
+            transitions,
+            chunk=chunk,
         )
         roll_fut = self.groups["rollout"].call(
             "serve",
             rank_args=[
-                (steps, ranks, ch["obs"], ch["actions"], not transitions) for ranks in self.env_ranks_of
+                (decisions, ranks, ch["obs"], ch["actions"], not transitions) for ranks in self.env_ranks_of
             ],
         )
         return env_fut, roll_fut
@@ -364,6 +392,9 @@ class RunControllerImpl:
         new_steps = sum(t["env_steps"] for t in trajs)
         returns = [r for t in trajs for r in t["episode_returns"]]
         with self.lock:
+            for rank, t in enumerate(trajs):  # trajectories come in rank order
+                self.worker_env_steps[rank] += t["env_steps"]
+                self.worker_episodes[rank] += len(t["episode_returns"])
             self.env_steps += new_steps
             self.episodes += len(returns)
             self.returns_window.extend(returns)
@@ -383,11 +414,18 @@ class RunControllerImpl:
         """Intervention metrics of one segment, and an ``intervention`` event when a human took over."""
         steps = sum(h["intervened_steps"] for h in tallies)
         takeovers = sum(h["takeovers"] for h in tallies)
+        arm_steps: dict[str, int] = {}  # multi-arm robots: steps a human drove each arm
+        for h in tallies:
+            for path, n in h.get("arm_steps", {}).items():
+                arm_steps[path] = arm_steps.get(path, 0) + n
         with self.lock:
             self.intervention_rate = steps / max(1, new_steps)
+            if len(arm_steps) > 1:
+                self.arm_intervention_rates = {p: n / max(1, new_steps) for p, n in arm_steps.items()}
             self.clean_success_window.extend(x for h in tallies for x in h["clean_successes"])
         if takeovers:
-            self.event("intervention", takeovers=takeovers, intervened_steps=steps)
+            per_arm = {f"intervened_steps/{p}": n for p, n in arm_steps.items()} if len(arm_steps) > 1 else {}
+            self.event("intervention", takeovers=takeovers, intervened_steps=steps, **per_arm)
 
     def collect_async(self, steps: int, block: bool) -> dict[str, Any]:
         """Off-policy collection that runs while the learner trains.
@@ -529,6 +567,7 @@ class RunControllerImpl:
                 break  # stop requested inside the iteration
             self.save_checkpoint(reason="end")
             self._close_recordings()  # before the state says finished: a waiting client then reads it all
+            self._release_workers()  # likewise: a run launched once this one reads stopped can claim its robots
             with self.cond:
                 self.state = "stopped" if self.stop_requested else "finished"
                 self.current_stage = None
@@ -537,6 +576,7 @@ class RunControllerImpl:
         except Exception:  # noqa: BLE001 - recorded, and visible in status()
             error = traceback.format_exc()
             self._close_recordings()  # the healthy workers' open shards are kept
+            self._release_workers()
             with self.cond:
                 self.state = "failed"
                 self.error = error
@@ -582,6 +622,8 @@ class RunControllerImpl:
             row["intervention_rate"] = self.intervention_rate
             cw = self.clean_success_window
             row["success_without_intervention"] = float(np.mean(cw)) if cw else None
+            for path, rate in self.arm_intervention_rates.items():
+                row[f"intervention_rate/{path}"] = rate
         for key, value in update_metrics.items():
             row[key] = value
         for name, secs in self.stage_times.items():
@@ -617,6 +659,10 @@ class RunControllerImpl:
         return path.name
 
     def _release_workers(self) -> None:
+        """Kill the workers and channels, then release the run's robots (once; called again in ``finally``)."""
+        if self.released:
+            return
+        self.released = True
         for group in self.groups.values():
             group.kill()
         for ch in self.channels.values():
@@ -624,6 +670,21 @@ class RunControllerImpl:
                 ch.kill()
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        if self.claimed_robots:
+            try:  # after the kills: the next claimant finds the robots' resources free
+                robots = release_robots(self.name, self.claimed_robots)
+                self.event("robots_released", robots=robots)
+            except Exception:  # noqa: BLE001 - a claim left behind is stale once this controller is gone
+                traceback.print_exc()
+
+    def env_worker_rows(self) -> list[dict[str, Any]]:
+        """Per env worker: its rank, robot (placement.env.robots), Ray node, env steps and episodes."""
+        where = {p["rank"]: p for p in self.placement_info if p.get("group") == "env"}
+        return [
+            {"rank": rank, "robot": where.get(rank, {}).get("robot"), "node_id": where.get(rank, {}).get("node_id"),
+             "env_steps": self.worker_env_steps[rank], "episodes": self.worker_episodes[rank]}
+            for rank in range(self.cfg.placement.env.num_workers)
+        ]  # fmt: skip
 
     # ------------------------------------------------------------------ control API (called from the event loop)
 
@@ -719,8 +780,20 @@ class RunControllerImpl:
                 "started_at": self.started_at,
                 "budget": to_dict(self.cfg.budget),
                 "ended_at": self.ended_at,
+                "env_workers": self.env_worker_rows(),
                 **self.robots.status(),
             }
+
+
+def _run_alive(run: str) -> bool:
+    """Whether run ``run``'s controller actor exists (a robot claim of a gone run is stale)."""
+    from .cluster import NAMESPACE
+
+    try:
+        ray.get_actor(actor_name(run), namespace=NAMESPACE)
+        return True
+    except ValueError:
+        return False
 
 
 def _get_path(cfg: Any, path: str) -> Any:
@@ -759,10 +832,6 @@ class RunController:
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
                  algorithm: Algorithm | None = None):  # fmt: skip
         self.impl = RunControllerImpl(name, config, resume, algorithm)
-        from .compression import ObsDecoder
-
-        self.frame_decoder = ObsDecoder(drop_missing=True)  # compression.frames (see latest_frames)
-        self.last_frames: dict[int, Any] = {}
         self.last_call = time.time()
         self.impl.thread.start()
         threading.Thread(target=self._linger_watch, name=f"linger-{name}", daemon=True).start()
@@ -841,9 +910,8 @@ class RunController:
             }
         report = await group.actors[rank].human_command.remote(local, dict(cmd))
         if report["ok"] and cmd.get("kind") != "action":
-            impl.event(
-                "human", command=cmd["kind"], env=int(env), **({"mark": cmd["mark"]} if "mark" in cmd else {})
-            )
+            extra = {k: cmd[k] for k in ("mark", "arm") if k in cmd}
+            impl.event("human", command=cmd["kind"], env=int(env), **extra)
         return report
 
     @_touches
@@ -905,25 +973,13 @@ class RunController:
         return out
 
     @_touches
-    async def latest_frames(self) -> dict[int, Any]:
-        ch = self.impl.channels.get("frames")
-        if ch is None:
-            return {}
-        out = {}
-        for rank in range(len(self.impl.groups.get("env", []) or [])):
-            env = await ch._actor.latest.remote(rank)
-            if env is not None:
-                item = Channel._open(env, as_torch=False)
-                # compression.frames: blobs decoded here; a delta whose reference this peeking reader
-                # never saw decodes to None, and the last good frame of that worker stands in
-                frame = self.frame_decoder.decode(item["frame"], rank)
-                if frame is None:
-                    frame = self.last_frames.get(rank)
-                if frame is None:
-                    continue
-                self.last_frames[rank] = frame
-                out[rank] = {**item, "frame": frame}
-        return out
+    async def frames_channel(self) -> tuple[Channel | None, int]:
+        """The ``frames`` channel (None before setup) and how many env workers feed it.
+
+        Clients read camera frames and episodes from it themselves (``runtime/frame_reader.py``), so a
+        dashboard's frame polling never runs in this process, next to the training loop.
+        """
+        return self.impl.channels.get("frames"), len(self.impl.groups.get("env", []) or [])
 
     @_touches
     async def placement(self) -> list[dict[str, Any]]:

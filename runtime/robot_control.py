@@ -83,11 +83,7 @@ class RobotControl:
             human = env.intervention if isinstance(env.intervention, HumanInTheLoop) else None
             mode, weight = "agent", 0.0
             if human is not None:
-                if human.commanded or human.driving:
-                    mode, weight = "human", 1.0
-                elif human.blend_left > 0 and human.last_human is not None:
-                    mode = "blending"
-                    weight = human.blend_left / (human.config.blend_steps + 1)
+                mode, weight = human.mode()
             latch = env.robot.estop_latch
             try:
                 ee = [float(x) for x in env.arm.ee_position()] if env.arm.has_kinematics else None

@@ -72,9 +72,20 @@ class GroupPlacement:
     num_gpus: float = 0.0
     node_group: str | None = None
     resources: dict[str, float] = field(default_factory=dict)
+    rank_resources: list[dict[str, float]] = field(default_factory=list)
+    """Extra resources of worker ``rank`` on top of ``resources`` (e.g. its ``robot:<name>``); [] = none."""
 
-    def actor_resources(self) -> dict[str, float]:
+    def __post_init__(self) -> None:
+        if self.rank_resources and len(self.rank_resources) != self.count:
+            raise ValueError(
+                f"GroupPlacement: rank_resources has {len(self.rank_resources)} entries for {self.count} workers"
+            )
+
+    def actor_resources(self, rank: int | None = None) -> dict[str, float]:
+        """What worker ``rank`` asks Ray for besides CPUs and GPUs (``None``: what every worker asks)."""
         res = dict(self.resources)
+        if rank is not None and self.rank_resources:
+            res.update(self.rank_resources[rank])
         if self.node_group:
             res[NODE_GROUP_RESOURCE.format(label=self.node_group)] = LABEL_SHARE
         return res
@@ -95,9 +106,9 @@ def check_placement(groups: dict[str, GroupPlacement]) -> None:
     except Exception:  # noqa: BLE001 - an internal API: fall back to totals
         remaining = [dict(n.get("Resources", {})) for n in nodes]
     for name, placement in groups.items():
-        need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.actor_resources()}
-        need = {k: v for k, v in need.items() if v > 0}
         for i in range(placement.count):
+            need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.actor_resources(i)}
+            need = {k: v for k, v in need.items() if v > 0}
             fit = next(
                 (r for r in remaining if all(r.get(k, 0.0) + 1e-9 >= v for k, v in need.items())), None
             )
@@ -166,7 +177,7 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=placement.num_cpus,
                 num_gpus=placement.num_gpus,
-                resources=placement.actor_resources() or None,
+                resources=placement.actor_resources(rank) or None,
                 max_restarts=max_restarts,
                 max_task_retries=0,
             ).remote(rank, placement.count, name, *init_args, **(init_kwargs or {}))

@@ -20,6 +20,8 @@ import ray
 from rlinf_nb import tree
 
 from .channel import Channel
+from .frames import FramePublisher
+from .robot_claims import env_id_for, robot_of
 from .robot_control import RobotControl
 from .worker import Worker
 
@@ -42,10 +44,14 @@ class EnvWorker(Worker):
     concurrency_groups = {"control": 1}
 
     def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int,
-                 record: dict[str, Any] | None = None, compression: dict[str, Any] | None = None):  # fmt: skip
+                 record: dict[str, Any] | None = None, compression: dict[str, Any] | None = None,
+                 robots: list[str] | None = None):  # fmt: skip
         super().__init__(rank, world_size, group)
         from rlinf_nb.envs import make_env
 
+        # placement.env.robots: this worker holds robots[rank] and runs env.id with {robot} replaced
+        self.robot = robot_of(robots, rank)
+        env_cfg = dict(env_cfg, id=env_id_for(env_cfg["id"], self.robot))
         self.env_cfg = env_cfg
         self.seed = seed + 10_007 * rank
         kwargs = dict(env_cfg.get("kwargs") or {})
@@ -58,12 +64,17 @@ class EnvWorker(Worker):
         self.recording = _streamer(record, rank, self.env, env_cfg["id"])  # the run's `record:` section
         self.obs_codec = _obs_encoder(compression, "obs")  # the run's `compression.obs` (identity when off)
         self.frame_codec = _obs_encoder(compression, "frames")  # `compression.frames`, for the dashboard
+        # every env.render_every env steps: env 0's camera frames, and its finished episodes (runtime/frames.py)
+        self.frame_pub = FramePublisher(rank, int(env_cfg.get("render_every") or 0), self.frame_codec)
         self.frames: Channel | None = None
         self.steps = 0
         self.robots = RobotControl(self.env, env_cfg["id"])  # e-stop; a latched env waits in its reset
 
     def spaces(self) -> tuple[Any, Any]:
         return self.env.observation_space, self.env.action_space
+
+    def ping(self) -> dict[str, Any]:
+        return {**super().ping(), "robot": self.robot, "env_id": self.env_cfg["id"]}
 
     @ray.method(concurrency_group="control")
     def human_command(self, env_index: int, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -100,22 +111,29 @@ class EnvWorker(Worker):
     def reset(self, seeds: list[int] | None = None) -> None:
         """Reset every env: env ``i`` with ``seeds[i]`` when given, else from the worker's seed."""
         self.obs = self.env.reset(seed=seeds)
+        self.frame_pub.reset()
 
     def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
-                frames_ch: Channel | None = None, transitions: bool = False) -> dict[str, Any]:  # fmt: skip
-        """Run ``num_steps`` steps asking for actions through the ``obs``/``actions`` channels."""
+                frames_ch: Channel | None = None, transitions: bool = False, chunk: int = 1) -> dict[str, Any]:  # fmt: skip
+        """Run ``num_steps`` steps asking for actions through the ``obs``/``actions`` channels.
+
+        With ``chunk = k``, one observation goes out per ``k`` steps (``num_steps // k`` rounds).
+        """
 
         def ask(msg: dict[str, Any]) -> dict[str, Any]:
             obs_ch.put(self.rank, msg, block=False)
             return act_ch.get(self.rank, as_torch=False)
 
-        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush)
+        return self._rollout(
+            num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush, chunk=chunk
+        )
 
     def rollout_direct(self, policy: Any, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
-                       transitions: bool = False) -> dict[str, Any]:  # fmt: skip
+                       transitions: bool = False, chunk: int = 1) -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking the rollout worker ``policy`` (an actor handle) directly.
 
-        One actor call per step instead of four channel messages: the rollout path is latency-bound.
+        One actor call per step (per ``chunk`` steps with action chunks) instead of four channel
+        messages: the rollout path is latency-bound.
         """
         import ray
 
@@ -127,23 +145,51 @@ class EnvWorker(Worker):
                 )
             return report["result"]
 
-        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions)
+        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, chunk=chunk)
+
+    def _check_chunkable(self, transitions: bool) -> None:
+        """Action chunks (``policy.chunk > 1``) run only on-policy and without a human in the loop."""
+        if transitions:
+            raise ValueError(
+                "policy.chunk > 1: off-policy collection (transitions=True) stores one action per env step; "
+                "action chunks run with on-policy algorithms only (ppo, grpo, dapo, reinforcepp)"
+            )
+        envs = getattr(self.env, "envs", None) or []
+        if any(getattr(e, "intervention", None) is not None for e in envs):
+            raise ValueError(
+                f"policy.chunk > 1: env {self.env_cfg['id']!r} has a human in the loop (an intervention), "
+                "whose take-overs act per env step; open-loop action chunks cannot hand over mid-chunk "
+                "(use policy.chunk: 1)"
+            )
 
     def _rollout(self, num_steps: int, ask: Any, traj_ch: Channel, frames_ch: Channel | None,
-                 transitions: bool, before_publish: Any = None) -> dict[str, Any]:  # fmt: skip
+                 transitions: bool, before_publish: Any = None, chunk: int = 1) -> dict[str, Any]:  # fmt: skip
         """Step ``num_steps`` times with actions from ``ask(msg) -> reply``; publish the trajectory.
 
         ``transitions=True`` (off-policy) also keeps ``next_obs`` (the true last observation where an
         episode ended) and ``terminated``, and skips the final values-only round.
+
+        ``chunk = k > 1`` (action chunks): ``ask`` is called once per ``k`` env steps (a decision) and
+        the reply's ``[N, k, ...]`` actions are applied one per step, open loop. The published batch
+        holds ``num_steps // k`` decisions: the obs at each decision, the whole chunk action, the
+        chunk's credited rewards summed, its episode end and time-limit bootstrap value (the rules,
+        e.g. after an episode ends mid-chunk, are in :mod:`rlinf_nb.algorithms.chunks`). Env-step
+        counts and episode stats count real env steps.
         """
-        T, N = num_steps, self.env.num_envs
+        from rlinf_nb.algorithms.chunks import aggregate_chunks, check_chunk_steps
+
+        T, N, K = num_steps, self.env.num_envs, chunk
+        D = check_chunk_steps(T, K, "num_steps")  # decisions; T when K == 1
+        if K > 1:
+            self._check_chunkable(transitions)
         self.obs_codec.restart()  # keyframes first: an aborted rollout's last blobs may never have been decoded
         render_every = int(self.env_cfg.get("render_every") or 0)
         buf: dict[str, Any] = {}
-        rewards = np.zeros((T, N), np.float32)
+        rewards = np.zeros((T, N), np.float32)  # per env step; summed per decision at the end (K > 1)
         dones = np.zeros((T, N), bool)
         truncated = np.zeros((T, N), bool)
-        bootstrap = np.zeros((T, N), np.float32)
+        bootstrap = np.zeros((D, N), np.float32)
+        ended = np.zeros(N, bool)  # K > 1: the current decision's episode has ended inside its chunk
         ep_returns: list[float] = []
         ep_lengths: list[int] = []
         successes: list[float] = []
@@ -155,30 +201,35 @@ class EnvWorker(Worker):
         for t in range(T + 1):
             if t == T and transitions:
                 break
-            reply = ask({"obs": self.obs_codec.encode(self.obs), "sender": self.rank, "final_obs": final_obs,
-                         "final_mask": final_mask, "value_only": t == T})  # fmt: skip
-            if reply.get(ABORT):
-                return {"aborted": True}
-            if t > 0 and final_mask is not None:
-                bootstrap[t - 1] = np.where(final_mask, reply["bootstrap_values"], 0.0)
-            if t == T:
-                last_values = reply["values"]
-                break
-            if "obs" not in buf:  # an array or a dict of arrays (images stay uint8): [T, N, ...] per leaf
-                buf["obs"] = tree.zeros(self.obs, lead=(T,))
-            tree.assign(buf["obs"], t, self.obs)
-            for key, value in (("actions", reply["actions"]), ("logprobs", reply["logprobs"]),
-                               ("values", reply["values"]), ("versions", reply["version"])):  # fmt: skip
-                arr = np.asarray(value)
-                if key not in buf:
-                    buf[key] = np.zeros((T, N, *arr.shape[1:]) if arr.ndim else (T, N), arr.dtype)
-                buf[key][t] = arr
-            res = self.env.step(reply["actions"])
+            d, j = divmod(t, K)  # decision d, step j of its chunk (d == t, j == 0 without chunks)
+            if j == 0:
+                reply = ask({"obs": self.obs_codec.encode(self.obs), "sender": self.rank, "final_obs": final_obs,
+                             "final_mask": final_mask, "value_only": t == T})  # fmt: skip
+                if reply.get(ABORT):
+                    return {"aborted": True}
+                if t > 0 and final_mask is not None:
+                    bootstrap[d - 1] = np.where(final_mask, reply["bootstrap_values"], 0.0)
+                if t == T:
+                    last_values = reply["values"]
+                    break
+                final_obs, final_mask = None, None
+                ended[:] = False
+                if "obs" not in buf:  # an array or a dict of arrays (images stay uint8): [D, N, ...] per leaf
+                    buf["obs"] = tree.zeros(self.obs, lead=(D,))
+                tree.assign(buf["obs"], d, self.obs)
+                for key, value in (("actions", reply["actions"]), ("logprobs", reply["logprobs"]),
+                                   ("values", reply["values"]), ("versions", reply["version"])):  # fmt: skip
+                    arr = np.asarray(value)
+                    if key not in buf:
+                        buf[key] = np.zeros((D, N, *arr.shape[1:]) if arr.ndim else (D, N), arr.dtype)
+                    buf[key][d] = arr
+                actions = reply["actions"]
+            res = self.env.step(actions if K == 1 else actions[:, j])
             self.steps += N
             if res.intervened is not None:
-                human.record(t, res, buf["actions"])
+                human.record(t, res, buf["actions"])  # K == 1: _check_chunkable refuses humans with chunks
             if self.recording is not None:
-                self.recording.step(self.obs, buf["actions"][t], res)
+                self.recording.step(self.obs, buf["actions"][d] if K == 1 else buf["actions"][d][:, j], res)
             rewards[t] = res.reward
             dones[t] = res.terminated | res.truncated
             truncated[t] = res.truncated & ~res.terminated
@@ -188,20 +239,28 @@ class EnvWorker(Worker):
                     next_obs = tree.zeros(res.obs, lead=(T,))
                 real = res.obs if res.final_obs is None else tree.where(dones[t], res.final_obs, res.obs)
                 tree.assign(next_obs, t, real)
-            final_mask = truncated[t] if truncated[t].any() and not transitions else None
-            final_obs = res.final_obs if final_mask is not None else None
+            if K == 1:
+                final_mask = truncated[t] if truncated[t].any() and not transitions else None
+                final_obs = res.final_obs if final_mask is not None else None
+            else:  # only the decision's own episode end bootstraps (the first end inside the chunk)
+                own_trunc = truncated[t] & ~ended
+                ended |= dones[t]
+                if own_trunc.any():
+                    final_obs = (
+                        res.final_obs
+                        if final_mask is None
+                        else tree.where(own_trunc, res.final_obs, final_obs)
+                    )
+                    final_mask = own_trunc if final_mask is None else final_mask | own_trunc
             ep_returns += res.episode_returns
             ep_lengths += res.episode_lengths
             successes += res.successes
             self.obs = res.obs
-            if frames_ch is not None and render_every and self.steps % render_every < N:
-                frame = self.env.render()
-                if frame is not None:
-                    frames_ch.put(
-                        self.rank,
-                        {"frame": self.frame_codec.encode(frame), "env_steps": self.steps},
-                        timeout=1.0,
-                    )
+            if frames_ch is not None and render_every:  # named camera frames + env 0's finished episodes
+                self.frame_pub.after_step(self.env, res, self.steps, frames_ch)
+        if K > 1:  # per env step -> per decision: credited rewards summed, the decision's episode end
+            per_decision = aggregate_chunks(rewards, terminated, truncated, K)
+            rewards, dones, truncated = per_decision.rewards, per_decision.dones, per_decision.truncated
         buf.update(rewards=rewards, dones=dones, truncated=truncated, bootstrap_values=bootstrap)
         if transitions:
             buf.update(next_obs=next_obs, terminated=terminated)
@@ -209,6 +268,8 @@ class EnvWorker(Worker):
             buf["last_values"] = np.asarray(last_values, np.float32)
         if human.active:
             buf["intervened"] = human.intervened
+            if human.human_mask is not None:  # per action dim (per-arm take-overs): HG-DAgger's labels
+                buf["human_mask"] = human.human_mask
         if before_publish is not None:
             before_publish()
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
@@ -246,6 +307,8 @@ class _HumanTally:
         self.takeovers = 0
         self.clean_successes: list[float] = []  # per ended episode: succeeded with no intervention
         self.episode_intervened: list[bool] = []
+        self.arm_steps: dict[str, int] = {}  # per arm path: steps a human drove that arm
+        self.human_mask: np.ndarray | None = None  # bool [T, N, A]: action dims a human drove
 
     def record(self, t: int, res: Any, actions: np.ndarray) -> None:
         """Flag step ``t``; where a human (or a hand-back blend) changed the action, store the applied one."""
@@ -253,6 +316,13 @@ class _HumanTally:
         self.intervened[t] = res.intervened
         before = self.intervened[t - 1] if t > 0 else np.zeros_like(res.intervened)
         self.takeovers += int(np.sum(res.intervened & ~before))
+        if res.intervened_arms is not None:
+            for path, n in zip(res.arm_paths, np.sum(res.intervened_arms, axis=0), strict=True):
+                self.arm_steps[path] = self.arm_steps.get(path, 0) + int(n)
+        if res.human_mask is not None:
+            if self.human_mask is None:
+                self.human_mask = np.zeros((len(self.intervened), *res.human_mask.shape), bool)
+            self.human_mask[t] = res.human_mask
         if res.applied_actions is not None:
             applied = np.asarray(res.applied_actions, actions.dtype).reshape(actions[t].shape)
             changed = ~np.isclose(applied, np.clip(actions[t], -1.0, 1.0)).reshape(len(applied), -1).all(-1)
@@ -268,7 +338,7 @@ class _HumanTally:
             return {}
         return {"human": {"intervened_steps": int(self.intervened.sum()), "takeovers": self.takeovers,
                           "episode_intervened": self.episode_intervened,
-                          "clean_successes": self.clean_successes}}  # fmt: skip
+                          "clean_successes": self.clean_successes, "arm_steps": self.arm_steps}}  # fmt: skip
 
 
 class RolloutWorker(Worker):
@@ -280,12 +350,11 @@ class RolloutWorker(Worker):
         import torch
 
         from rlinf_nb.policies import make_policy
+        from rlinf_nb.run_config import policy_kwargs
 
         _set_torch_threads()
         torch.manual_seed(seed + 7919 * (rank + 1))
-        self.policy = make_policy(
-            policy_cfg["name"], obs_space, action_space, **(policy_cfg.get("kwargs") or {})
-        )
+        self.policy = make_policy(policy_cfg["name"], obs_space, action_space, **policy_kwargs(policy_cfg))
         self.policy.eval()
         self.version = -1
         from .compression import ObsDecoder
@@ -359,14 +428,13 @@ class LearnerWorker(Worker):
 
         from rlinf_nb.algorithms.registry import Algorithm, get_algorithm
         from rlinf_nb.policies import make_policy
+        from rlinf_nb.run_config import policy_kwargs
 
         _set_torch_threads()
         torch.manual_seed(seed)
         # The controller passes the Algorithm itself (one defined in a notebook is not registered here).
         self.algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)
-        self.policy = make_policy(
-            policy_cfg["name"], obs_space, action_space, **(policy_cfg.get("kwargs") or {})
-        )
+        self.policy = make_policy(policy_cfg["name"], obs_space, action_space, **policy_kwargs(policy_cfg))
         self.learner = self.algo.make_learner(self.policy, algo_cfg, seed=seed)
         self.version = 0
 

@@ -65,3 +65,13 @@ def test_partial_section_override_keeps_that_sections_defaults():
     cfg = resolve_config("ppo_cartpole", placement__actor__node_group="train")
     assert cfg.placement.actor.node_group == "train"
     assert cfg.placement.actor.num_cpus == 0.5 and cfg.placement.env.num_cpus == 0.25
+
+
+def test_default_run_name_is_a_valid_name_for_every_env_id_form():
+    from rlinf_nb.client import _default_name
+
+    for env_id, stem in [("CartPole-v1", "ppo_cartpole_"), ("maniskill:PushCube-v1", "ppo_pushcube_"),
+                         ("robot:mock_arm/reach", "ppo_mock_arm_reach_"),
+                         ("robot:specs/arm.yaml/reach", "ppo_specs_arm.yaml_reach_")]:  # fmt: skip
+        name = _default_name(resolve_config("ppo_cartpole", env__id=env_id))
+        assert name.startswith(stem) and "/" not in name and not name.startswith("."), (env_id, name)

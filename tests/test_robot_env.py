@@ -185,7 +185,7 @@ def test_make_env_robot_backend():
     "spec, kwargs, message",
     [
         ("robot:mock_arm", {}, r"robot env ids are '<spec>/<task>'"),
-        ("robot:mock_arm/fly", {}, r"unknown task 'fly'; known tasks: insert, push, reach"),
+        ("robot:mock_arm/fly", {}, r"unknown task 'fly'; known tasks: bireach, insert, push, reach"),
         (
             "robot:mock_arm/reach",
             {"rewrd": "sparse"},

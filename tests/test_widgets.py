@@ -179,7 +179,10 @@ class FakeRun:
         return {"groups": {"env": [{"rank": 0, "alive": True, "pid": 123, "node_id": "abcdef0123456789", "host": "h"}]},
                 "channels": {"obs": {"depth": 1, "puts": 10, "gets": 9, "dropped": 0, "bytes_in": 2e6}}}  # fmt: skip
 
-    def latest_frames(self):
+    def latest_episode(self, since=None):
+        return None
+
+    def latest_frames(self, since=None):
         if not self.render:
             return {}
         self.frame_step += 8
@@ -352,6 +355,7 @@ def test_dashboard_with_a_fake_run(recording):
     run = FakeRun(render=True, n_rows=5)
     other = FakeRun("other", n_rows=8)
     dash = dashboard(run, compare=[other], start=False)
+    dash.tabs.selected_index = 2  # the cluster tab: health is polled only while it is open
     dash.poll_once()
     assert len(dash.curves.trace("fake").y) == 5 and len(dash.curves.trace("other").y) == 8
     assert "running" in dash.controls.status.value and "vs" in dash.header.value
@@ -453,7 +457,7 @@ def test_live_frames_reach_the_image_as_jpeg_bytes(live):
     assert image is not None and image.value[:3] == JPEG_MAGIC
     data, buffers = image_updates(image)[-1]
     assert ["value"] in data["buffer_paths"] and bytes(buffers[0])[:3] == JPEG_MAGIC
-    assert "fps" in dash.media.tiles[0].caption.value
+    assert "fps" in dash.media.tiles[(0, "render")].caption.value  # one tile per (env worker, camera)
 
 
 def test_live_pause_button_pauses_the_run(live):

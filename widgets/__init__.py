@@ -5,8 +5,8 @@
     dash = rl.dashboard(run)   # curves, controls, hyperparameters, step debugger, frames, cluster
     dash                       # display it; dash.close() stops its poller
 
-Parts live in their own modules (curves, controls, intervention, hparams, debugger, media,
-cluster_view, poller, dashboard). Imports are lazy, so ``import rlinf_nb.widgets`` is cheap;
+Parts live in their own modules (curves, controls, intervention, hparams, debugger, media (camera
+tiles), episode_viewer (the rollout scrubber), visibility, cluster_view, poller, dashboard). Imports are lazy, so ``import rlinf_nb.widgets`` is cheap;
 ``CARTPOLE_WITH_FRAMES`` (the pygame-free CartPole, an env) lives in :mod:`rlinf_nb.envs.cartpole_sketch`.
 """
 
@@ -24,6 +24,8 @@ _EXPORTS = {
     "HParamPanel": ".hparams",
     "StepDebugger": ".debugger",
     "RolloutTile": ".media",
+    "EpisodeViewer": ".episode_viewer",
+    "Visibility": ".visibility",
     "ClusterView": ".cluster_view",
     "Poller": ".poller",
     "Pacer": ".poller",

@@ -3,7 +3,9 @@
 
 The dashboard is a composed ipywidgets layout fed by one :class:`~.poller.Poller` (a daemon
 thread): metrics and events by cursor (from 0, so a dashboard made after a kernel restart
-shows the whole history), the status, the newest frames and the workers' health. Nothing
+shows the whole history), the status, the newest camera frames (one tile per env worker and
+camera) and the last finished episode's frames (a scrubber), only while the page keeps up and
+they are on screen, and the workers' health, only while the cluster tab is open. Nothing
 it does blocks the kernel; ``dash.close()`` (or ``dash.stop()``, which keeps the widgets
 on screen) ends the thread. The first run is the one the controls act on; further runs
 (``dashboard([a, b])`` or ``dashboard(a, compare=[b])``) are overlaid on the curves.
@@ -23,10 +25,14 @@ from .cluster_view import ClusterView
 from .controls import FINAL_STATES, Actions, Controls
 from .curves import Curves
 from .debugger import StepDebugger
+from .episode_viewer import EpisodeViewer
 from .hparams import HParamPanel
 from .intervention import InterventionPanel
 from .media import RolloutTile
 from .poller import Pacer, Poller, Task
+from .visibility import Visibility
+
+CLUSTER_TAB = 2  # index of the cluster view among the dashboard's tabs (health is polled only while open)
 
 # The live dashboard of each (primary) run: a new one for the same run stops the old one's poller,
 # so re-running a cell does not leave pollers behind.
@@ -74,7 +80,8 @@ class Dashboard(widgets.VBox):
 
     def __init__(self, runs: Iterable[Any], *, metrics: list[str] | None = None, x: str = "env_steps",
                  smoothing: float = 0.0, plot_hz: float = 4.0, frame_hz: float = 10.0, status_hz: float = 2.0,
-                 health_every: float = 5.0, frames: bool | None = None, start: bool = True,
+                 health_every: float = 5.0, episode_every: float = 3.0, frames: bool | None = None,
+                 start: bool = True,
                  replace: bool = True) -> None:  # fmt: skip
         runs = [_as_run(r) for r in runs]
         if not runs:
@@ -100,12 +107,19 @@ class Dashboard(widgets.VBox):
         if frames is None:
             frames = self._renders_frames()
         self.media = RolloutTile(enabled=frames)
+        self.viewer = EpisodeViewer()
+        self.visibility = Visibility()  # is the media column on screen? (frames are skipped while not)
+        self.visibility.on_change(self._media_visibility)
         self.cluster = ClusterView()
         self.pacer = Pacer()
         self.pacer.on_hello(self._page_appeared)
         self.tabs = widgets.Tab(children=[self.hparams, self.debugger, self.cluster],
                                 titles=("hyperparameters", "step debugger", "cluster"))  # fmt: skip
-        side = widgets.VBox([self.media], layout=widgets.Layout(flex="1 1 0%", min_width="260px"))
+        self.tabs.observe(self._tab_selected, "selected_index")
+        # column-reverse: the live tiles show on top, the episode viewer below them, while the live
+        # tiles' images stay the last images of the dashboard in page order
+        side = widgets.VBox([self.viewer, self.media, self.visibility],
+                            layout=widgets.Layout(flex="1 1 0%", min_width="260px", flex_flow="column-reverse"))  # fmt: skip
         body = widgets.HBox([self.curves, side], layout=widgets.Layout(width="100%"))
         super().__init__([self.header, self.controls, self.intervention, body, self.tabs, self.pacer],
                          layout=widgets.Layout(width="100%"))  # fmt: skip
@@ -119,6 +133,7 @@ class Dashboard(widgets.VBox):
         ]
         if frames:
             tasks.append(Task("frames", self._pull_frames, 1.0 / frame_hz, paced=True))
+            tasks.append(Task("episode", self._pull_episode, episode_every, paced=True))
         self.poller = Poller(tasks, pacer=self.pacer, name=f"rlinf-nb-dashboard-{self.run.name}",
                              on_error=self._task_failed)  # fmt: skip
         if self.comm is not None:
@@ -150,7 +165,7 @@ class Dashboard(widgets.VBox):
         self.stop()
         self.actions.close()
         for part in (self.header, self.controls, self.intervention, self.curves, self.hparams, self.debugger, self.media,
-                     self.cluster, self.pacer, *self.children, self.tabs):  # fmt: skip
+                     self.viewer, self.visibility, self.cluster, self.pacer, *self.children, self.tabs):  # fmt: skip
             part.close()
         super().close()
 
@@ -208,7 +223,7 @@ class Dashboard(widgets.VBox):
         if self.poller.tasks.get("status") is not None and self.poller.tasks["status"].period == float("inf"):
             return
         self._pull_data()
-        for name in ("data", "status", "batch", "health", "frames"):
+        for name in ("data", "status", "batch", "health", "frames", "episode"):
             task = self.poller.tasks.get(name)
             if task is not None:
                 task.period = float("inf")
@@ -224,11 +239,29 @@ class Dashboard(widgets.VBox):
         return True
 
     def _pull_frames(self) -> bool:
-        if self.last_status and self.last_status.get("state") in FINAL_STATES:
+        if not self.visibility.visible or self._ended():
             return False
-        return self.media.update(self.run.latest_frames())
+        return self.media.update(self.run.latest_frames(self.media.since()))
+
+    def _pull_episode(self) -> bool:
+        if not self.visibility.visible or self._ended():
+            return False
+        return self.viewer.show(self.run.latest_episode(self.viewer.episode_id))
+
+    def _ended(self) -> bool:
+        return bool(self.last_status and self.last_status.get("state") in FINAL_STATES)
+
+    def _media_visibility(self, visible: bool) -> None:
+        if visible:  # back on screen: fresh frames now, not at the next period
+            self.poller.request("frames", "episode")
+
+    def _tab_selected(self, change: dict[str, Any]) -> None:
+        if change["new"] == CLUSTER_TAB:
+            self.poller.request("health")
 
     def _pull_health(self) -> bool:
+        if self.tabs.selected_index != CLUSTER_TAB:
+            return False  # nobody looks at the cluster view: do not ask every worker
         if self.last_status and self.last_status.get("state") in FINAL_STATES:
             self.cluster.show_error(f"run {self.last_status['state']}: its workers are released")
             return False
@@ -283,7 +316,9 @@ def dashboard(run: Any, compare: Iterable[Any] | None = None, **kwargs: Any) -> 
         x: ``"env_steps"`` (default), ``"step"`` or ``"wall_time"``.
         smoothing: EMA weight in [0, 1).
         plot_hz, frame_hz: update rates (at most; the page's pace decides below them).
-        frames: show the rollout tile's frames (default: when the run has ``env.render_every``).
+        health_every: seconds between cluster health polls (only while the cluster tab is open).
+        episode_every: seconds between looks for a newly finished episode (the rollout viewer).
+        frames: show the camera tiles and the rollout viewer (default: when the run has ``env.render_every``).
         start: start the poller now (False: call ``poll_once()`` yourself).
 
     Returns:

@@ -1,13 +1,16 @@
-"""The rollout / camera tile: the newest frame of each env worker as an ``ipywidgets.Image``.
+"""The camera tiles: one ``ipywidgets.Image`` per (env worker, camera) with its newest frame.
 
-Frames come from ``run.latest_frames()`` (the run keeps only the newest per env worker and
-drops the rest), are encoded to JPEG in the kernel and set as the Image's ``bytes`` value,
-which ipywidgets sends as a binary buffer (never base64). A frame is sent only when it is
-new; the caption shows the frame rate seen here and how old the shown frame is.
+Frames come from ``run.latest_frames(since)`` (the run keeps only the newest per env worker and
+drops the rest; ``since`` leaves out workers whose shown frame is still the newest), are encoded
+to JPEG in the kernel and set as the Image's ``bytes`` value, which ipywidgets sends as a binary
+buffer (never base64). A frame is sent only when it is new, and the dashboard asks only while the
+page keeps up and the tiles are on screen; the caption shows the frame rate seen here and how old
+the shown frame is (since the env worker captured it).
 """
 
 from __future__ import annotations
 
+import html
 import io
 import time
 from typing import Any
@@ -42,70 +45,86 @@ def encode_frame(frame: np.ndarray, fmt: str = "jpeg", quality: int = 80, max_wi
 
 
 class _Tile:
-    """One env worker's view."""
+    """One camera of one env worker."""
 
-    def __init__(self, rank: int, fmt: str, width: str):
+    def __init__(self, rank: int, camera: str, fmt: str, width: str):
         self.rank = rank
+        self.camera = camera
         self.image = widgets.Image(format=fmt, layout=widgets.Layout(width=width, height="auto"))
-        self.caption = widgets.HTML(f"<small>env {rank}: waiting for a frame</small>")
+        self.caption = widgets.HTML(f"<small>env {rank} · {html.escape(camera)}: waiting for a frame</small>")
         self.box = widgets.VBox([self.image, self.caption])
         self.key: Any = None  # env_steps of the shown frame
+        self.captured: float | None = None  # wall time the env worker captured the shown frame
         self.shown_at: float | None = None
         self.fps = 0.0
         self.frames = 0
 
-    def caption_html(self, now: float) -> str:
-        age = now - self.shown_at if self.shown_at is not None else float("nan")
-        return (f"<small>env {self.rank} · {self.fps:.1f} fps · frame age {age:.1f} s · "
-                f"env step {self.key}</small>")  # fmt: skip
+    def caption_html(self, now: float, wall: float) -> str:
+        age = wall - self.captured if self.captured is not None else now - (self.shown_at or now)
+        return (f"<small>env {self.rank} · {html.escape(self.camera)} · {self.fps:.1f} fps · "
+                f"frame age {max(age, 0.0):.1f} s · env step {self.key}</small>")  # fmt: skip
 
 
 class RolloutTile(widgets.VBox):
-    """Newest frames of a run's env workers."""
+    """Newest frames of a run's env workers: one tile per (env worker, camera)."""
 
-    def __init__(self, fmt: str = "jpeg", width: str = "320px", max_tiles: int = 4, enabled: bool = True):
+    def __init__(self, fmt: str = "jpeg", width: str = "320px", max_tiles: int = 8, enabled: bool = True):
         self.fmt = fmt
         self.width = width
         self.max_tiles = max_tiles
         self.enabled = enabled
-        self.tiles: dict[int, _Tile] = {}
+        self.tiles: dict[tuple[int, str], _Tile] = {}
         self.hint = widgets.HTML(
             "<small><i>no frames: launch with <code>env__render_every=N</code> (an env with an rgb_array "
-            "render, e.g. <code>rlinf_nb.widgets.CARTPOLE_WITH_FRAMES</code>)</i></small>"
+            "render or cameras, e.g. <code>rlinf_nb.widgets.CARTPOLE_WITH_FRAMES</code>)</i></small>"
         )
         self.grid = widgets.HBox([], layout=widgets.Layout(flex_flow="row wrap"))
-        super().__init__([widgets.HTML("<b>rollout</b>"), self.grid, self.hint])
+        super().__init__([widgets.HTML("<b>cameras</b>"), self.grid, self.hint])
+
+    def since(self) -> dict[int, int]:
+        """``{rank: env_steps}`` of the frames shown (what ``run.latest_frames(since)`` may leave out)."""
+        out: dict[int, int] = {}
+        for (rank, _camera), tile in self.tiles.items():
+            if tile.key is not None:
+                out[rank] = tile.key if rank not in out else min(out[rank], tile.key)
+        return out
 
     def update(self, frames: dict[int, dict[str, Any]], now: float | None = None) -> bool:
         """Show new frames; True when an image went to the page."""
         now = time.monotonic() if now is None else now
+        wall = time.time()
         sent = False
-        for rank in sorted(frames)[: self.max_tiles]:
+        for rank in sorted(frames):
             item = frames[rank]
-            tile = self.tiles.get(rank)
-            if tile is None:
-                tile = self.tiles[rank] = _Tile(rank, self.fmt, self.width)
-                self.grid.children = [t.box for t in self.tiles.values()]
-                self.hint.value = ""
-            key = item.get("env_steps")
-            if key == tile.key and tile.image.value:
-                continue
-            tile.image.value = encode_frame(item["frame"], self.fmt)
-            if tile.shown_at is not None:
-                dt = max(now - tile.shown_at, 1e-3)
-                tile.fps = 0.8 * tile.fps + 0.2 * (1.0 / dt) if tile.frames > 1 else 1.0 / dt
-            tile.key, tile.shown_at = key, now
-            tile.frames += 1
-            sent = True
+            cameras = item.get("cameras") or {"render": item["frame"]}
+            for camera, frame in cameras.items():
+                tile = self.tiles.get((rank, camera))
+                if tile is None:
+                    if len(self.tiles) >= self.max_tiles:
+                        continue
+                    tile = self.tiles[(rank, camera)] = _Tile(rank, camera, self.fmt, self.width)
+                    self.grid.children = [t.box for _k, t in sorted(self.tiles.items())]
+                    self.hint.value = ""
+                key = item.get("env_steps")
+                if key == tile.key and tile.image.value:
+                    continue  # a stale frame is never resent
+                tile.image.value = encode_frame(frame, self.fmt)
+                if tile.shown_at is not None:
+                    dt = max(now - tile.shown_at, 1e-3)
+                    tile.fps = 0.8 * tile.fps + 0.2 * (1.0 / dt) if tile.frames > 1 else 1.0 / dt
+                tile.key, tile.shown_at, tile.captured = key, now, item.get("time")
+                tile.frames += 1
+                sent = True
         for tile in self.tiles.values():
             if tile.shown_at is not None and now - tile.shown_at > 2.0:
                 tile.fps = 0.0
-            tile.caption.value = tile.caption_html(now) if tile.shown_at is not None else tile.caption.value
+            if tile.shown_at is not None:
+                tile.caption.value = tile.caption_html(now, wall)
         return sent
 
     @property
     def image(self) -> widgets.Image | None:
-        """The first env worker's Image (None before any frame)."""
+        """The first tile's Image (env worker 0's first camera; None before any frame)."""
         return self.tiles[min(self.tiles)].image if self.tiles else None
 
     def close(self) -> None:

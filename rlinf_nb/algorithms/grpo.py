@@ -310,6 +310,7 @@ GRPO = register_algorithm(
         _stages("episode returns normalised within each reset-seed group", True),
         GroupPolicyLearner,
         doc=__doc__ or "",
+        action_chunks=True,
     )  # fmt: skip
 )
 DAPO = register_algorithm(
@@ -319,6 +320,7 @@ DAPO = register_algorithm(
         _stages("group-relative advantages; groups with equal returns dropped", True),
         GroupPolicyLearner,
         doc=__doc__ or "",
+        action_chunks=True,
     )  # fmt: skip
 )
 REINFORCE_PP = register_algorithm(
@@ -328,5 +330,6 @@ REINFORCE_PP = register_algorithm(
         _stages("discounted returns-to-go, batch-normalised", False),
         GroupPolicyLearner,
         doc=__doc__ or "",
+        action_chunks=True,
     )  # fmt: skip
 )

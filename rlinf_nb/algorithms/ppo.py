@@ -175,5 +175,6 @@ PPO = register_algorithm(
         ),
         make_learner=PPOLearner,
         doc=__doc__ or "",
+        action_chunks=True,
     )
 )

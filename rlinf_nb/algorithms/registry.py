@@ -38,6 +38,9 @@ class Algorithm:
     stages: tuple[Stage, ...]
     make_learner: Callable[..., Any]  # (policy, cfg) -> learner with .update(batch, cfg) and .state_dict()
     doc: str = ""
+    # Runs policies with action chunks (policy.chunk > 1): its batches hold one transition per decision
+    # (rlinf_nb.algorithms.chunks). Off: the run config refuses policy.chunk > 1.
+    action_chunks: bool = False
 
     def stage_names(self) -> list[str]:
         return [s.name for s in self.stages]
@@ -71,4 +74,4 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 def _load_builtin() -> None:
-    from rlinf_nb.algorithms import bc, grpo, ppo, sac  # noqa: F401 - each registers itself
+    from rlinf_nb.algorithms import bc, grpo, hgdagger, ppo, sac  # noqa: F401 - each registers itself

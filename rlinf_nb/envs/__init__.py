@@ -50,6 +50,9 @@ class StepResult:
     intervened: np.ndarray | None = None  # bool [N]: the human drove this step
     applied_actions: np.ndarray | None = None  # [N, A]: the actions really sent (human, blend or agent)
     episode_intervened: list[bool] = field(default_factory=list)  # per ended episode: any step intervened
+    intervened_arms: np.ndarray | None = None  # bool [N, n_arms]: the human drove that arm (order: arm_paths)
+    human_mask: np.ndarray | None = None  # bool [N, A]: the action dims the human drove
+    arm_paths: tuple[str, ...] = ()  # the arms of intervened_arms
 
 
 class VecEnv:
@@ -100,6 +103,12 @@ class VecEnv:
             result.intervened = intervened.astype(bool)
             result.applied_actions = _step_info(info, "applied_action", done)
             self._ep_intervened |= result.intervened
+            arms = _step_info(info, "intervened_arms", done)
+            if arms is not None:
+                result.intervened_arms = arms.astype(bool)
+                mask = _step_info(info, "human_mask", done)
+                result.human_mask = None if mask is None else mask.astype(bool)
+                result.arm_paths = tuple(getattr(self.envs[0], "arm_paths", ()))
         if done.any():
             final = tree.map(np.zeros_like, obs)  # an array, or a dict of arrays (Dict spaces)
             mask = info.get("_final_obs", done)

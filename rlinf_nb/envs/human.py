@@ -16,6 +16,12 @@ demonstrations), ``info["human_weight"]`` (``w`` in [0, 1]) and ``info["applied_
 ``failure`` mark (a command, or the teleop buttons of those names) ends the episode at once
 with ``success_reward`` / ``failure_reward``.
 
+**Per arm** on multi-arm robots (``bireach`` on ``mock_bimanual``): ``take_over`` / ``action`` /
+``hand_back`` with ``"arm": "left/arm"`` act on that arm's slice of the action only (the policy
+keeps the others), ``scripted_arms`` gives a scripted schedule per arm, and each arm blends back
+on its own. ``info["intervened_arms"]`` / ``info["arm_weights"]`` / ``info["human_mask"]`` say
+per arm (per action dim) who drove; ``intervened`` is "a human drove some arm".
+
 Built from a dict in env configs (``env.kwargs.human: {blend_steps: 5, scripted: {every: 2}}``)
 so runs on the cluster carry it to the env workers.
 """
@@ -48,6 +54,8 @@ class HumanStep:
     """The human's share of the applied action: 1 = the human drives, 0 < w < 1 = handing back."""
     mark: str | None = None
     """``"success"`` or ``"failure"``: end the episode now with that outcome."""
+    arm_weights: dict[str, float] | None = None
+    """The human's share per arm path (multi-arm take-over); None: ``weight`` on every arm."""
 
 
 # -- scripted experts: what a scripted human does on each task --------------------------------------
@@ -77,20 +85,31 @@ def expert_action(env: RobotEnv) -> np.ndarray:
             f"the scripted expert of {name!r} needs action_mode 'ee_delta', not {env.config.action_mode!r}"
         )
     out = np.zeros(env.action_space.shape, np.float64)
-    out[:3] = _EXPERTS[name](env)
+    arm_part = np.asarray(_EXPERTS[name](env), np.float64).reshape(-1)  # x, y, z per arm, arms in order
+    out[: arm_part.size] = arm_part
     if env.config.gripper:
         out[-1] = 1.0
     return np.clip(out, -1.0, 1.0)
 
 
-def _toward(env: RobotEnv, target: np.ndarray) -> np.ndarray:
-    """Per-axis step toward ``target``, saturating at a full action (proportional, then clipped)."""
-    return np.clip((np.asarray(target, float) - env.task.ee()) / env.config.max_ee_step, -1.0, 1.0)
+def _toward(env: RobotEnv, target: np.ndarray, ee: np.ndarray | None = None) -> np.ndarray:
+    """Per-axis step from ``ee`` (default: the task's end effector) toward ``target``, saturating at a
+    full action (proportional, then clipped)."""
+    ee = env.task.ee() if ee is None else ee
+    return np.clip((np.asarray(target, float) - ee) / env.config.max_ee_step, -1.0, 1.0)
 
 
 @register_expert("reach")
 def _reach_expert(env: RobotEnv) -> np.ndarray:
     return _toward(env, env.task.target)
+
+
+@register_expert("bireach")
+def _bireach_expert(env: RobotEnv) -> np.ndarray:
+    """Every arm straight to its own target (one x, y, z block per arm)."""
+    return np.concatenate(
+        [_toward(env, t, ee) for t, ee in zip(env.task.targets, env.task.ees(), strict=True)]
+    )
 
 
 @register_expert("push")
@@ -164,10 +183,41 @@ class HumanConfig:
     """Reward of the step a human marks as a failure."""
     scripted: dict[str, Any] | None = None
     """A :class:`ScriptedHumanConfig` as a dict: a scripted human who intervenes on a schedule."""
+    scripted_arms: dict[str, dict[str, Any]] | None = None
+    """Per arm path (multi-arm robots), a :class:`ScriptedHumanConfig` dict: that arm's own schedule;
+    the scripted expert drives only that arm's slice of the action."""
+    teleop_arm: str | None = None
+    """Arm path the teleop device drives on a multi-arm robot; None = the first arm."""
 
     def __post_init__(self) -> None:
         if self.blend_steps < 0:
             raise SpecError(f"blend_steps must be >= 0, got {self.blend_steps}")
+
+
+@dataclass
+class _ArmControl:
+    """One arm's share of the human's control (the whole action on single-arm robots)."""
+
+    commanded: bool = False
+    """A take_over command is in force on this arm."""
+    command_action: np.ndarray | None = None
+    """The commanded action of this arm's slice (held until the next one)."""
+    last_human: np.ndarray | None = None
+    """The human's last action on this slice (what hand-back blends from)."""
+    blend_left: int = 0
+    """Blend steps left after the human let go."""
+    driving: bool = False
+    """A human drove this arm in the last step."""
+
+
+def blend_weight(blend_left: int, blend_steps: int) -> float:
+    """The human's share while handing back: ``blend_left / (blend_steps + 1)`` (falls linearly to 0)."""
+    return blend_left / (blend_steps + 1)
+
+
+def compose_action(agent: np.ndarray, human: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per action dim: ``w * human + (1 - w) * agent`` (``w = 1``: the human's, ``w = 0``: the agent's)."""
+    return weights * human + (1.0 - weights) * agent
 
 
 class HumanInTheLoop:
@@ -182,31 +232,92 @@ class HumanInTheLoop:
             if config.scripted is not None
             else None
         )
-        self.commanded = False  # a take_over command is in force
-        self.command_action: np.ndarray | None = None
+        self.scripted_arms = {
+            path: ScriptedHuman(build_config(ScriptedHumanConfig, dict(c), f"human.scripted_arms.{path}"))
+            for path, c in (config.scripted_arms or {}).items()
+        }
+        self.layout: dict[str, slice] | None = None  # arm path -> action slice (bind)
+        self.arms: dict[str, _ArmControl] = {}
         self.pending_mark: str | None = None
-        self.last_human: np.ndarray | None = None
-        self.blend_left = 0
         self.step_in_episode = 0
-        self.driving = False  # the human drove the last step
+        self.driving = False  # the human drove the last step (some arm)
+
+    def bind(self, layout: Mapping[str, slice]) -> None:
+        """Learn the env's action layout (arm path -> slice); checks the per-arm config against it."""
+        self.layout = dict(layout)
+        self.arms = {path: _ArmControl() for path in self.layout}
+        for key, paths in (("human.scripted_arms", list(self.scripted_arms)),
+                           ("human.teleop_arm", [self.config.teleop_arm] if self.config.teleop_arm else [])):  # fmt: skip
+            for path in paths:
+                self._check_arm(key, path)
+
+    def _check_arm(self, key: str, arm: Any) -> str:
+        if self.layout is None:
+            raise SpecError(f"{key}: this human in the loop is not bound to an env yet (RobotEnv binds it)")
+        if arm not in self.layout:
+            raise SpecError(f"{key}: {arm!r} is not an arm of this env; arms: {', '.join(self.layout)}")
+        return arm
+
+    @property
+    def commanded(self) -> bool:
+        """A take_over command is in force on some arm."""
+        return any(c.commanded for c in self.arms.values())
+
+    def arm_modes(self) -> dict[str, tuple[str, float]]:
+        """Per arm path: ``("human" | "blending" | "agent", the human's share now)``."""
+        out = {}
+        for path, c in self.arms.items():
+            if c.commanded or c.driving:
+                out[path] = ("human", 1.0)
+            elif c.blend_left > 0 and c.last_human is not None:
+                out[path] = ("blending", blend_weight(c.blend_left, self.config.blend_steps))
+            else:
+                out[path] = ("agent", 0.0)
+        return out
+
+    def mode(self) -> tuple[str, float]:
+        """The env's mode: ``human`` if a human drives some arm, else ``blending`` if one is handing back."""
+        if self.commanded or self.driving:
+            return "human", 1.0
+        modes = self.arm_modes().values()
+        blending = [w for m, w in modes if m == "blending"]
+        return ("blending", max(blending)) if blending else ("agent", 0.0)
 
     # -- inputs ------------------------------------------------------------------------------
     def command(self, cmd: Mapping[str, Any]) -> None:
         """Apply ``{"kind": "take_over" | "hand_back" | "action" | "mark", ...}`` from a notebook or dashboard.
 
         ``action`` carries ``"action": [..]`` (held until the next one; implies take over);
-        ``mark`` carries ``"mark": "success" | "failure"``.
+        ``mark`` carries ``"mark": "success" | "failure"``. ``"arm": "<path>"`` (optional) limits
+        take_over / action / hand_back to that arm's slice; without it they act on every arm (an
+        ``action`` then covers the whole vector).
         """
         kind = cmd.get("kind")
         if kind not in COMMANDS:
             raise ValueError(f"human command kind {kind!r}: allowed values: {', '.join(COMMANDS)}")
+        arm = cmd.get("arm")
+        if arm is not None and kind == "mark":
+            raise ValueError("human command 'mark': a mark ends the whole episode; it takes no arm")
+        if self.layout is None:
+            raise SpecError(
+                "human command: this human in the loop is not bound to an env yet (RobotEnv binds it)"
+            )
+        paths = list(self.layout) if arm is None else [self._check_arm(f"human command {kind!r}: arm", arm)]
         if kind == "take_over":
-            self.commanded = True
+            for p in paths:
+                self.arms[p].commanded = True
         elif kind == "hand_back":
-            self.commanded, self.command_action = False, None
+            for p in paths:
+                self.arms[p].commanded, self.arms[p].command_action = False, None
         elif kind == "action":
-            self.commanded = True
-            self.command_action = np.asarray(cmd["action"], dtype=np.float64)
+            action = np.asarray(cmd["action"], dtype=np.float64).reshape(-1)
+            offset = self.layout[paths[0]].start  # a whole-vector action starts at 0; an arm's at its slice
+            for p in paths:
+                sl = self.layout[p]
+                part = np.zeros(sl.stop - sl.start)
+                chunk = action[sl.start - offset : sl.stop - offset]
+                part[: chunk.size] = chunk
+                self.arms[p].commanded, self.arms[p].command_action = True, part
         else:
             mark = cmd.get("mark")
             if mark not in MARKS:
@@ -216,46 +327,75 @@ class HumanInTheLoop:
     def reset(self, env: RobotEnv) -> None:
         """A new episode: the scripted schedule moves on; blending and marks do not carry over."""
         self.step_in_episode = 0
-        self.blend_left = 0
+        for control in self.arms.values():
+            control.blend_left, control.driving = 0, False
         self.pending_mark = None
         self.driving = False
-        if self.scripted is not None:
-            self.scripted.new_episode()
+        for scripted in [self.scripted, *self.scripted_arms.values()]:
+            if scripted is not None:
+                scripted.new_episode()
 
     # -- the decision ------------------------------------------------------------------------
     def __call__(self, env: RobotEnv, agent_action: np.ndarray) -> HumanStep:
-        human = self._human_action(env, agent_action)
+        if self.layout is None:
+            self.bind(getattr(env, "action_layout", None) or {"arm": slice(0, agent_action.size)})
+        human, driven = self._human_action(env, agent_action)
         mark, self.pending_mark = self.pending_mark or self._teleop_mark(env), None
         self.step_in_episode += 1
-        if human is not None:
-            self.last_human, self.driving = human, True
-            self.blend_left = self.config.blend_steps
-            return HumanStep(human, 1.0, mark)
-        self.driving = False
-        if self.blend_left > 0 and self.last_human is not None:
-            w = self.blend_left / (self.config.blend_steps + 1)
-            self.blend_left -= 1
-            return HumanStep(w * self.last_human + (1.0 - w) * agent_action, w, mark)
-        return HumanStep(None, 0.0, mark)
+        weights = np.zeros_like(agent_action)
+        source = np.zeros_like(agent_action)  # the human's (or last human) action where weights > 0
+        arm_weights: dict[str, float] = {}
+        for path, control in self.arms.items():
+            sl = self.layout[path]
+            control.driving = path in driven
+            if path in driven:
+                control.last_human, control.blend_left, w = human[sl].copy(), self.config.blend_steps, 1.0
+            elif control.blend_left > 0 and control.last_human is not None:
+                w = blend_weight(control.blend_left, self.config.blend_steps)
+                control.blend_left -= 1
+            else:
+                w = 0.0
+            arm_weights[path] = w
+            weights[sl] = w
+            if w > 0:
+                source[sl] = control.last_human
+        self.driving = bool(driven)
+        top = max(arm_weights.values(), default=0.0)
+        if top == 0.0:
+            return HumanStep(None, 0.0, mark, arm_weights)
+        return HumanStep(compose_action(agent_action, source, weights), top, mark, arm_weights)
 
-    def _human_action(self, env: RobotEnv, agent_action: np.ndarray) -> np.ndarray | None:
+    def _human_action(self, env: RobotEnv, agent_action: np.ndarray) -> tuple[np.ndarray, set[str]]:
+        """The human's proposed action (full vector) and the arms a human drives this step.
+
+        Per arm, the first source that wants it: the teleop (its arm), a take_over command, the
+        whole-robot scripted schedule, that arm's own scripted schedule.
+        """
+        assert self.layout is not None
+        out = np.zeros_like(agent_action)
+        driven: set[str] = set()
         teleop = env.last_teleop.get(self.config.teleop) if self.config.teleop else None
         if teleop is not None and teleop.intervene:
-            out = np.zeros_like(agent_action)
-            out[:3] = teleop.action
+            path = self.config.teleop_arm or next(iter(self.layout))
+            start = self.layout[path].start
+            out[start : start + 3] = teleop.action
             if env.config.gripper:
                 out[-1] = agent_action[-1] if teleop.gripper is None else 2.0 * teleop.gripper - 1.0
-            return out
-        if self.commanded:
-            if self.command_action is None:
-                return np.zeros_like(agent_action)  # taken over, no key pressed yet: hold still
-            out = np.zeros_like(agent_action)
-            n = min(out.size, self.command_action.size)
-            out[:n] = self.command_action[:n]
-            return out
-        if self.scripted is not None and self.scripted.wants(self.step_in_episode):
-            return expert_action(env)
-        return None
+            driven.add(path)
+        step = self.step_in_episode
+        expert: np.ndarray | None = None
+        for path, control in self.arms.items():
+            if path in driven:
+                continue
+            sl = self.layout[path]
+            if control.commanded:  # taken over, no key pressed yet: hold still
+                out[sl] = 0.0 if control.command_action is None else control.command_action
+                driven.add(path)
+            elif any(s is not None and s.wants(step) for s in (self.scripted, self.scripted_arms.get(path))):
+                expert = expert_action(env) if expert is None else expert
+                out[sl] = expert[sl]
+                driven.add(path)
+        return out, driven
 
     def _teleop_mark(self, env: RobotEnv) -> str | None:
         teleop = env.last_teleop.get(self.config.teleop) if self.config.teleop else None
@@ -285,6 +425,8 @@ __all__ = [
     "ScriptedHuman",
     "ScriptedHumanConfig",
     "as_human_step",
+    "blend_weight",
+    "compose_action",
     "expert_action",
     "register_expert",
 ]

@@ -14,11 +14,17 @@ is one ``robot.tick()`` (one control period: simulated on mock robots, slept on 
 Observations (``obs_mode``): ``state`` is one float32 vector (joints, end effector,
 gripper, then the task's part); ``dict`` adds every camera image under its path.
 
+Multi-arm tasks (``bireach`` on ``mock_bimanual``) drive several arms: the action is one block
+per arm, in the task's ``arms`` order (:attr:`RobotEnv.action_layout` maps each arm path to its
+slice), and the state has each arm's joints and end effector in that order.
+
 An ``intervention`` may replace the agent's action each step: ``human={...}`` builds a
 :class:`~rlinf_nb.envs.human.HumanInTheLoop` (teleop take-over, notebook commands, a scripted
 human, blended hand-back, success/failure marks); :class:`TeleopIntervention` is the bare
-teleop one. Each step's ``info`` has ``intervened`` (the human drove), ``human_weight`` and
-``applied_action`` (what was sent: store that, not the agent's action).
+teleop one. Each step's ``info`` has ``intervened`` (the human drove, on any arm), ``human_weight``,
+``applied_action`` (what was sent: store that, not the agent's action), and per arm (in
+:attr:`RobotEnv.arm_paths` order) ``intervened_arms`` (bool) and ``arm_weights``, plus
+``human_mask`` (bool per action dim: the dims a human drove this step).
 """
 
 from __future__ import annotations
@@ -146,17 +152,25 @@ class RobotEnv(gym.Env):
         self._owns_robot = not isinstance(robot, Robot)
         self.task = task if isinstance(task, Task) else make_task(task, self.robot, **task_opts)
         self.arm = self.task.arm
+        self.arms = self.task.arms
+        """The arms the actions drive, by path, in action-layout order."""
         self.render_mode = render_mode
         if intervention is not None and human is not None:
             raise SpecError("RobotEnv: give either intervention= or human=, not both")
         self.intervention = HumanInTheLoop(human) if human is not None else intervention
+        if len(self.arms) > 1 and self.config.gripper:
+            raise SpecError(
+                f"RobotEnv: gripper: true drives one gripper, which multi-arm tasks ({', '.join(self.arms)}) "
+                "do not support; use gripper: false"
+            )
         self.metadata = {**self.metadata, "render_fps": self.robot.spec.control_hz}
         cfg = self.config
-        if cfg.action_mode == "ee_delta" and not self.arm.has_kinematics:
-            raise SpecError(
-                f"RobotEnv: action_mode 'ee_delta' needs arm kinematics; the {self.arm.driver_name!r} arm has "
-                "none: use action_mode='joint_delta'"
-            )
+        for arm in self.arms.values():
+            if cfg.action_mode == "ee_delta" and not arm.has_kinematics:
+                raise SpecError(
+                    f"RobotEnv: action_mode 'ee_delta' needs arm kinematics; the {arm.driver_name!r} arm has "
+                    "none: use action_mode='joint_delta'"
+                )
         self.gripper: Gripper | None = None
         if cfg.gripper:
             comp = self.robot.component(cfg.gripper_path)
@@ -166,11 +180,18 @@ class RobotEnv(gym.Env):
                 )
             self.gripper = comp
         self.cameras: dict[str, Camera] = self.robot.components("camera")  # type: ignore[assignment]
-        n_arm = 3 if cfg.action_mode == "ee_delta" else len(self.arm.joint_names)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (n_arm + (1 if self.gripper else 0),), np.float32)
-        lim = self.arm.joint_limits
-        low = [lim[:, 0], np.full(3, -_BOUND)] + ([np.zeros(1)] if self.gripper else [])
-        high = [lim[:, 1], np.full(3, _BOUND)] + ([np.ones(1)] if self.gripper else [])
+        dims = {p: 3 if cfg.action_mode == "ee_delta" else len(a.joint_names) for p, a in self.arms.items()}
+        self.action_layout: dict[str, slice] = action_layout(dims, 1 if self.gripper else 0)
+        """Each arm path's slice of the action vector (a single arm's also covers the gripper action)."""
+        n_action = sum(dims.values()) + (1 if self.gripper else 0)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (n_action,), np.float32)
+        low, high = [], []
+        for arm in self.arms.values():
+            lim = arm.joint_limits
+            low += [lim[:, 0], np.full(3, -_BOUND)]
+            high += [lim[:, 1], np.full(3, _BOUND)]
+        low += [np.zeros(1)] if self.gripper else []
+        high += [np.ones(1)] if self.gripper else []
         low.append(np.full(self.task.obs_dim, -_BOUND))
         high.append(np.full(self.task.obs_dim, _BOUND))
         state_space = gym.spaces.Box(
@@ -188,6 +209,8 @@ class RobotEnv(gym.Env):
         self.estop_wait: Callable[[RobotEnv], None] | None = None
         """Called by :meth:`reset` while the e-stop is latched instead of raising: it returns once the
         e-stop is cleared (a run's env worker installs one, so its rollout waits for the clear)."""
+        if isinstance(self.intervention, HumanInTheLoop):
+            self.intervention.bind(self.action_layout)
         if not self.robot.is_connected:
             self.robot.connect()
 
@@ -229,17 +252,32 @@ class RobotEnv(gym.Env):
             reward = float(getattr(cfg, f"{human.mark}_reward", 1.0 if success else 0.0))
         terminated = bool((success and self.task.config.terminate_on_success) or ev.failure or human.mark)
         truncated = bool(self._steps >= self.task.config.max_steps or self.robot.estopped)
-        report = self.arm.last_report
+        reports = [arm.last_report for arm in self.arms.values()]
+        arm_w = np.array(
+            [human.weight if human.arm_weights is None else human.arm_weights.get(p, 0.0) for p in self.arms],
+            np.float32,
+        )
+        mask = np.zeros(a.shape, bool)
+        for path, w in zip(self.arms, arm_w, strict=True):
+            mask[self.action_layout[path]] = w >= 1.0
         info = {
             "success": success,
-            "intervened": human.weight >= 1.0,
-            "human_weight": float(human.weight),
+            "intervened": bool(arm_w.max() >= 1.0),
+            "human_weight": float(arm_w.max()),
             "applied_action": a.astype(np.float32),
+            "intervened_arms": arm_w >= 1.0,
+            "arm_weights": arm_w,
+            "human_mask": mask,
             "estop": self.robot.estopped,
-            "safety_clipped": report.clipped if report is not None else (),
+            "safety_clipped": tuple(c for r in reports if r is not None for c in r.clipped),
             **ev.info,
         }
         return self._observation(), reward, terminated, truncated, info
+
+    @property
+    def arm_paths(self) -> tuple[str, ...]:
+        """The arms' paths in action-layout order (the order of ``info["intervened_arms"]``)."""
+        return tuple(self.arms)
 
     @property
     def episode_step(self) -> int:
@@ -247,7 +285,10 @@ class RobotEnv(gym.Env):
         return self._steps
 
     def human_command(self, cmd: Mapping[str, Any]) -> None:
-        """Pass a notebook/dashboard command (take_over, action, hand_back, mark) to the human in the loop."""
+        """Pass a notebook/dashboard command (take_over, action, hand_back, mark) to the human in the loop.
+
+        ``cmd["arm"]`` (an arm path, e.g. ``"left/arm"``) limits take_over / action / hand_back to that arm.
+        """
         if not isinstance(self.intervention, HumanInTheLoop):
             raise SpecError(
                 "RobotEnv: this env has no human in the loop; make it with human={} (env.kwargs.human in a run)"
@@ -266,19 +307,22 @@ class RobotEnv(gym.Env):
     # -- helpers ----------------------------------------------------------------------------
     def _apply(self, a: np.ndarray) -> None:
         cfg = self.config
-        q = self.arm.joint_positions()
-        if cfg.action_mode == "ee_delta":
-            target = q + dls_step(self.arm.jacobian(q), a[:3] * cfg.max_ee_step, cfg.ik_damping)
-        else:
-            n = len(self.arm.joint_names)
-            target = q + a[:n] * cfg.max_joint_step
-        self.arm.send(target)
+        for path, arm in self.arms.items():
+            part = a[self.action_layout[path]]
+            q = arm.joint_positions()
+            if cfg.action_mode == "ee_delta":
+                target = q + dls_step(arm.jacobian(q), part[:3] * cfg.max_ee_step, cfg.ik_damping)
+            else:
+                target = q + part[: len(arm.joint_names)] * cfg.max_joint_step
+            arm.send(target)
         if self.gripper is not None:
             self.gripper.send([(a[-1] + 1.0) / 2.0])
 
     def _state(self) -> np.ndarray:
-        q = self.arm.joint_positions()
-        parts = [q, self.arm.forward_kinematics(q)]
+        parts = []
+        for arm in self.arms.values():
+            q = arm.joint_positions()
+            parts += [q, arm.forward_kinematics(q)]
         if self.gripper is not None:
             parts.append(np.asarray(self.gripper.read()["pos"], dtype=np.float64))
         parts.append(self.task.observation())
@@ -289,6 +333,20 @@ class RobotEnv(gym.Env):
         if self.config.obs_mode == "state":
             return state
         return {"state": state, **{p: cam.image() for p, cam in self.cameras.items()}}
+
+
+def action_layout(dims: Mapping[str, int], extra: int = 0) -> dict[str, slice]:
+    """Consecutive slices of an action vector, one per arm path with ``dims[path]`` entries.
+
+    ``extra`` trailing entries (a gripper action) belong to the arm when there is exactly one.
+    """
+    if extra and len(dims) != 1:
+        raise SpecError(f"action_layout: {extra} extra action(s) need exactly one arm, got {list(dims)}")
+    out, start = {}, 0
+    for path, n in dims.items():
+        out[path] = slice(start, start + n + extra)
+        start += n
+    return out
 
 
 if ENV_NAME not in gym.registry:
@@ -313,4 +371,4 @@ def _robot_backend(env_id: str, num_envs: int, seed: int | None, **kwargs: Any) 
     return vec
 
 
-__all__ = ["ENV_ID", "Intervention", "RobotEnv", "RobotEnvConfig", "TeleopIntervention"]
+__all__ = ["ENV_ID", "Intervention", "RobotEnv", "RobotEnvConfig", "TeleopIntervention", "action_layout"]
