@@ -1,6 +1,7 @@
 """Fixed controllers under simulated edge–cloud delays: env-steps/s, success and return at 0 / 20 / 100 ms.
 
-Run: ``.venv/bin/python bench/bench_latency.py [--delays 0,20,100] [--steps 150]`` (no cluster needed).
+Run: ``.venv/bin/python bench/bench_latency.py [--delays 0,20,100] [--steps 150] [--channel]`` (no cluster
+needed; ``--channel`` starts a local Ray instance).
 
 Each delay is applied to both the observations and the actions (``env.link`` with a constant
 ``obs_delay`` and ``action_delay``, so the loop delay is twice it), in control steps of the env's
@@ -14,6 +15,12 @@ period ``dt_ms``:
 
 The delays are simulated in steps, not slept, so env-steps/s shows the wrappers' own cost; the
 ratios are against the 0 ms baseline (the unwrapped env) measured in the same run.
+
+``--channel`` adds the channel-link rows (``placement.links`` of a run): the reach case again, but
+each observation and each action crosses a real Ray channel (:meth:`Channel.create` with a constant
+``ChannelLink`` latency, the same on both links) on a local Ray cluster the bench starts. The env
+waits for its action (lockstep, like a simulator behind an edge-cloud link), so the delay costs
+wall-clock throughput but not success; ``env.link`` models a real-time robot, which does not wait.
 """
 
 from __future__ import annotations
@@ -73,12 +80,58 @@ def rollout(spec: str, kwargs: dict, controller, dt_ms: float, num_envs: int, st
     }
 
 
+def channel_rollout(steps: int, ms: float, num_envs: int = 8) -> dict:
+    """The reach case through linked obs/actions channels: ``ms`` of latency each way, slept for real."""
+    from rlinf_nb.runtime.channel import Channel
+
+    spec, kwargs, controller, _, _ = CASES["mock_arm/reach"]
+    link = {"latency": {"kind": "constant", "ms": ms}} if ms else None
+    obs_ch = Channel.create("bench/obs", maxsize=2, link=link)
+    act_ch = Channel.create("bench/actions", maxsize=2, link=link)
+    env = make_env(spec, num_envs, seed=0, **kwargs)
+    obs = env.reset()
+    successes: list[float] = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        obs_ch.put(0, obs)  # env -> rollout
+        action = controller(obs_ch.get(0, as_torch=False))
+        act_ch.put(0, action)  # rollout -> env
+        res = env.step(act_ch.get(0, as_torch=False))
+        obs = res.obs
+        successes += res.successes
+    rate = steps * num_envs / (time.perf_counter() - t0)
+    env.close()
+    obs_ch.kill()
+    act_ch.kill()
+    return {"rate": rate, "success": float(np.mean(successes)) if successes else float("nan")}
+
+
+def main_channel(delays: list[float], steps: int) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # a private instance
+    try:
+        print(f"\n{'channel link':<16}{'delay ms':>9}{'env-steps/s':>13}{'x 0ms':>7}{'success':>9}")
+        base = None
+        for ms in delays:
+            r = channel_rollout(steps, ms)
+            base = base or r
+            print(f"{'mock_arm/reach':<16}{ms:>9.0f}{r['rate']:>13,.0f}{r['rate'] / base['rate']:>7.2f}"
+                  f"{r['success']:>9.2f}")  # fmt: skip
+    finally:
+        ray.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--delays", default="0,20,100", help="comma-separated delays in ms (first = baseline)"
     )
     parser.add_argument("--steps", type=int, default=150, help="steps per env for the reach case")
+    parser.add_argument(
+        "--channel", action="store_true", help="also run the reach case through linked Ray channels"
+    )
+    parser.add_argument("--channel-steps", type=int, default=100, help="steps per env for --channel")
     args = parser.parse_args()
     delays = [float(d) for d in args.delays.split(",")]
     print(f"{'env':<16}{'delay ms':>9}{'loop steps':>11}{'env-steps/s':>13}{'x 0ms':>7}"
@@ -98,6 +151,8 @@ def main() -> None:
             )
             print(f"{name:<16}{ms:>9.0f}{loop:>11}{r['rate']:>13,.0f}{r['rate'] / base['rate']:>7.2f}"
                   f"{success:>9}{s_ratio:>7}{r['return']:>10.2f}{r['episodes']:>10}")  # fmt: skip
+    if args.channel:
+        main_channel(delays, args.channel_steps)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from rlinf_nb.config import ConfigError, build, live_fields, param
 from rlinf_nb.data.run_recording import RecordConfig
 from rlinf_nb.link import LinkConfig
 from rlinf_nb.runtime.compression import CompressionConfig
+from rlinf_nb.runtime.links import RunLinks
 
 
 @dataclass
@@ -88,6 +89,11 @@ class PlacementConfig:
         doc="how env workers get actions: 'direct' (one call to their rollout worker per step) or "
         "'channel' (through the obs/actions channels: four messages per step, batched per rollout worker)",
         choices=("direct", "channel"),
+    )
+    links: RunLinks = param(
+        factory=RunLinks,
+        doc="simulated network links (latency + bandwidth) on the obs, actions and trajectories streams "
+        "between the node groups, in both env_to_rollout modes (off by default)",
     )
 
 

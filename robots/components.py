@@ -433,6 +433,15 @@ class Scene(Component):
     def place(self, name: str, position: np.ndarray) -> None:
         raise NotImplementedError(f"{self._label}: driver {self.driver_name!r} cannot place objects")
 
+    @property
+    def addable_objects(self) -> tuple[str, ...]:
+        """Objects :meth:`add_objects` can still build into the scene (before it connects)."""
+        return ()
+
+    def add_objects(self, names: list[str]) -> None:
+        """Build the objects ``names`` (from :attr:`addable_objects`) when the scene connects."""
+        raise NotImplementedError(f"{self._label}: driver {self.driver_name!r} cannot add objects")
+
 
 #: every component kind by its spec name
 KINDS: dict[str, type[Component]] = {

@@ -125,6 +125,9 @@ class Task(abc.ABC):
                     f"robot {robot.name!r} has paths {', '.join(robot.paths)}"
                 )
             missing = [o for o in self.needs_objects if o not in scene.object_names]
+            if missing and set(missing) <= set(scene.addable_objects) and not scene.is_connected:
+                scene.add_objects(missing)  # e.g. the sim scene builds the insert task's peg and hole
+                missing = [o for o in self.needs_objects if o not in scene.object_names]
             if missing:
                 raise SpecError(
                     f"task {self.name}: the scene has no object(s) {missing}; it has {scene.object_names}"

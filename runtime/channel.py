@@ -145,8 +145,11 @@ class ChannelActor:
                     await asyncio.wait_for(self.cond.wait_for(lambda: len(q) < self.maxsize), timeout)
                 except TimeoutError:
                     return False
-            if self.link is not None:
-                env.visible_at = self.link.deliver(time.monotonic(), env.nbytes)
+            if self.link is not None:  # link_delay_s / link_messages: the simulated delays so far
+                now = time.monotonic()
+                env.visible_at = self.link.deliver(now, env.nbytes)
+                self.stats["link_delay_s"] = self.stats.get("link_delay_s", 0.0) + env.visible_at - now
+                self.stats["link_messages"] = self.stats.get("link_messages", 0) + 1
             q.append(env)
             self.stats["puts"] += 1
             self.stats["bytes_in"] += env.nbytes

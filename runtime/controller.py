@@ -29,6 +29,7 @@ from rlinf_nb.config import ConfigError, build, to_dict
 from rlinf_nb.run_config import RunConfig, live_params, resolve_key
 
 from .channel import Channel
+from .links import LinkDelays
 from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
 from .rundir import RunDir, dedupe_steps
@@ -139,6 +140,8 @@ class RunControllerImpl:
         self.stage_times: dict[str, float] = {}
         self.recordings_closed = False
         self.obs_compression: float | None = None  # compression.obs: bytes sent / raw, so far
+        self.link_metrics: dict[str, float] = {}  # placement.links: link_delay_ms of the last segment
+        self.link_seen: dict[str, tuple[float, int]] = {}  # per linked channel: its delay totals so far
         self.metrics_rows: list[dict[str, Any]] = []
         self.event_rows: list[dict[str, Any]] = []
         self.started_at = time.time()
@@ -206,12 +209,17 @@ class RunControllerImpl:
         self.claimed_robots = list(p.env.robots)
         check_placement(placements)
         n_env = p.env.num_workers
+        links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
         self.channels = {
-            "obs": Channel.create(f"{self.name}/obs", maxsize=2),
-            "actions": Channel.create(f"{self.name}/actions", maxsize=2),
-            "trajectories": Channel.create(f"{self.name}/trajectories", maxsize=2),
+            "obs": Channel.create(f"{self.name}/obs", maxsize=2, link=links.channel_link("obs")),
+            "actions": Channel.create(f"{self.name}/actions", maxsize=2, link=links.channel_link("actions")),
+            "trajectories": Channel.create(
+                f"{self.name}/trajectories", maxsize=2, link=links.channel_link("trajectories")
+            ),
             "frames": Channel.create(f"{self.name}/frames", maxsize=1, drop_oldest=True),
         }
+        if links.active():
+            self.event("links", env_to_rollout=p.env_to_rollout, **links.describe())
         env_dict = to_dict(cfg.env)
         self.groups["env"] = WorkerGroup(
             "env", EnvWorker, placements["env"], (env_dict, cfg.seed),
@@ -328,9 +336,13 @@ class RunControllerImpl:
         if self.cfg.placement.env_to_rollout == "direct":
             policies = self.groups["rollout"].actors
             n_roll = len(policies)
+            direct = {
+                k: to_dict(v) for k, v in self.cfg.placement.links.active().items() if k != "trajectories"
+            }
             env_fut = self.groups["env"].call(
                 "rollout_direct", steps, ch["trajectories"], ch["frames"], transitions, chunk=chunk,
                 rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
+                **({"links": direct} if direct else {}),
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["rollout"], "infer", [])
         env_fut = self.groups["env"].call(
@@ -377,10 +389,12 @@ class RunControllerImpl:
                 self._abort_rollout()
         if failure is not None:
             raise failure
-        env_fut.get()
+        env_results = env_fut.get()
         roll_fut.get()
         n_env = len(self.groups["env"])
         trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=60, as_torch=False)
+        if self.cfg.placement.links.active():
+            self._measure_links(env_results)
         batch = {  # [T, N] along the envs of all workers; dict obs concatenate leaf by leaf
             k: tree.concatenate([t["batch"][k] for t in trajs], axis=1)
             for k in trajs[0]["batch"]
@@ -409,6 +423,20 @@ class RunControllerImpl:
             self._record_human(human, new_steps)
         return {"env_steps": new_steps, "episodes": len(returns),
                 "episode_return_mean": float(np.mean(returns)) if returns else None}  # fmt: skip
+
+    def _measure_links(self, env_results: list[dict[str, Any]]) -> None:
+        """``link_delay_ms`` of the segment: the linked channels' new delays plus the direct path's."""
+        delays = LinkDelays()
+        for r in env_results:
+            delays.merge(r.get("link_delays") or {})
+        for name in self.cfg.placement.links.active():
+            m = self.channels[name].metrics()
+            total = (m.get("link_delay_s", 0.0), m.get("link_messages", 0))
+            seen = self.link_seen.get(name, (0.0, 0))
+            if total[1] > seen[1]:
+                delays.add(name, total[0] - seen[0], total[1] - seen[1])
+            self.link_seen[name] = total
+        self.link_metrics = delays.metrics()
 
     def _record_human(self, tallies: list[dict[str, Any]], new_steps: int) -> None:
         """Intervention metrics of one segment, and an ``intervention`` event when a human took over."""
@@ -618,6 +646,7 @@ class RunControllerImpl:
         }
         if self.obs_compression is not None:
             row["obs_compression"] = self.obs_compression
+        row.update(self.link_metrics)  # placement.links: link_delay_ms (+ per stream); {} when off
         if self.intervention_rate is not None:
             row["intervention_rate"] = self.intervention_rate
             cw = self.clean_success_window
@@ -781,6 +810,11 @@ class RunControllerImpl:
                 "budget": to_dict(self.cfg.budget),
                 "ended_at": self.ended_at,
                 "env_workers": self.env_worker_rows(),
+                **(
+                    {"links": self.cfg.placement.links.describe()}
+                    if self.cfg.placement.links.active()
+                    else {}
+                ),
                 **self.robots.status(),
             }
 

@@ -67,6 +67,8 @@ class EnvWorker(Worker):
         # every env.render_every env steps: env 0's camera frames, and its finished episodes (runtime/frames.py)
         self.frame_pub = FramePublisher(rank, int(env_cfg.get("render_every") or 0), self.frame_codec)
         self.frames: Channel | None = None
+        # placement.links on the direct path (.links.DirectLink), made on first use
+        self.direct_link: Any = None
         self.steps = 0
         self.robots = RobotControl(self.env, env_cfg["id"])  # e-stop; a latched env waits in its reset
 
@@ -129,11 +131,14 @@ class EnvWorker(Worker):
         )
 
     def rollout_direct(self, policy: Any, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
-                       transitions: bool = False, chunk: int = 1) -> dict[str, Any]:  # fmt: skip
+                       transitions: bool = False, chunk: int = 1,
+                       links: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking the rollout worker ``policy`` (an actor handle) directly.
 
         One actor call per step (per ``chunk`` steps with action chunks) instead of four channel
-        messages: the rollout path is latency-bound.
+        messages: the rollout path is latency-bound. ``links`` (the active ``obs``/``actions`` links of
+        ``placement.links``) delays each request and reply (:class:`.links.DirectLink`); the result
+        then holds ``link_delays``, the simulated delays of this segment.
         """
         import ray
 
@@ -145,7 +150,16 @@ class EnvWorker(Worker):
                 )
             return report["result"]
 
-        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, chunk=chunk)
+        if not links:
+            return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, chunk=chunk)
+        if self.direct_link is None:  # one per worker, so latency draws and bandwidth queues carry on
+            from .links import DirectLink
+
+            self.direct_link = DirectLink(links, self.rank)
+        link = self.direct_link
+        out = self._rollout(num_steps, lambda msg: link.call(ask, msg), traj_ch, frames_ch, transitions,
+                            chunk=chunk)  # fmt: skip
+        return {**out, "link_delays": link.take_delays()}
 
     def _check_chunkable(self, transitions: bool) -> None:
         """Action chunks (``policy.chunk > 1``) run only on-policy and without a human in the loop."""

@@ -128,6 +128,15 @@ def _push_expert(env: RobotEnv) -> np.ndarray:
     return _toward(env, np.array([*(goal[:2] + 0.01 * direction), puck[2]]))
 
 
+@register_expert("insert")
+def _insert_expert(env: RobotEnv) -> np.ndarray:
+    """Bring the peg tip 3 cm above the hole, then (once within 3 mm in x-y) straight down into it."""
+    hole, tip = env.task.hole, env.task.scene.position("peg")
+    if float(np.linalg.norm((hole - tip)[:2])) > 0.003:
+        return _toward(env, hole + np.array([0.0, 0.0, 0.03]), tip)
+    return _toward(env, np.array([hole[0], hole[1], hole[2] - env.task.config.depth - 0.01]), tip)
+
+
 # -- the scripted human --------------------------------------------------------------------------------
 
 

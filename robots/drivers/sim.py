@@ -13,7 +13,10 @@ robot; the ``sim`` components on it read and command that scene::
 
 The scene is ManiSkill's table (top at z = 0) with a Panda on it, a pushable 4 cm cube
 (object ``puck``), a goal disc (``goal``) and a target sphere (``target``); the last two are
-visual markers without collision. Every position a component reads or takes is in the robot
+visual markers without collision. The insert task adds (before the scene is built: ``SimScene.add_objects``)
+a socket fixture (``hole``: four kinematic boxes round a square hole, standing on the table up to the
+hole's top) and a square peg (``peg``, its tip) tied rigidly below the TCP by a drive with zero limits,
+so the socket's walls really stop a misaligned peg; other tasks' scenes do not build them. Every position a component reads or takes is in the robot
 frame (metres): the Panda's base frame with its origin moved to the device's ``origin``
 (``sim_panda`` puts it 10 cm in front of the base, where the tasks' default workspaces suit the
 Panda), so the tasks written for the mock arm run on it unchanged.
@@ -75,11 +78,17 @@ OBJECTS = {
     "puck": "a dynamic cube (half size puck_half_size) that the arm can push",
     "goal": "a red-and-white disc on the table (visual only)",
     "target": "a sphere marker, e.g. a reach target (visual only)",
+    "hole": "a socket fixture on the table: a square block with a square hole; its position is the hole's top centre",
+    "peg": "a square peg held below the hand (its position is the tip; it follows the hand, the value is not used)",
 }
+#: start positions of the objects a task may add before the scene is built (``SimScene.add_objects``)
+ADDABLE_OBJECTS = {"hole": [0.38, 0.0, 0.05], "peg": [0.0, 0.0, 0.0]}
 RENDER_BACKENDS = ("auto", "cpu", "gpu", "none")
 _COLORS = {  # RGBA in [0, 1], close to the mock camera's colours
     "puck": (0.82, 0.2, 0.16, 1.0),
     "target": (0.24, 0.7, 0.86, 1.0),
+    "hole": (0.35, 0.35, 0.4, 1.0),
+    "peg": (0.9, 0.75, 0.2, 1.0),
 }
 _MARKER_LIFT = 1e-3  # the goal disc is drawn this far above its position, so the table does not hide it
 
@@ -112,6 +121,16 @@ class SimWorldConfig:
     """Radius of the goal disc (m)."""
     target_radius: float = 0.015
     """Radius of the target sphere (m)."""
+    peg_half_size: float = 0.01
+    """Half the side of the square peg (m)."""
+    peg_length: float = 0.05
+    """Length of the peg (m); it hangs this far below its top, ``peg_gap`` below the TCP."""
+    peg_gap: float = 0.005
+    """Gap (m) between the TCP (the fingertips) and the peg's top, so the closed fingers do not touch it."""
+    hole_clearance: float = 0.008
+    """The hole's half side minus the peg's (m): how far off-centre (per axis) the peg still goes in."""
+    block_half_size: float = 0.05
+    """Half the side of the socket block (m); the block stands on the table up to the hole's z."""
     control_freq: int = 20
     """ManiSkill control steps per simulated second (keep it equal to the spec's ``control_hz``)."""
     sim_freq: int = 100
@@ -133,7 +152,8 @@ class SimWorldConfig:
                     + "; ".join(f"{k} ({v})" for k, v in OBJECTS.items())
                 )
             _vec3(pos, f"objects.{name}")
-        for name in ("puck_half_size", "goal_radius", "target_radius"):
+        for name in ("puck_half_size", "goal_radius", "target_radius", "peg_half_size", "peg_length",
+                     "peg_gap", "hole_clearance"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise SpecError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.control_freq < 1 or self.sim_freq < 1 or self.sim_freq % self.control_freq:
@@ -141,6 +161,15 @@ class SimWorldConfig:
                 f"sim_freq ({self.sim_freq}) must be a positive multiple of control_freq ({self.control_freq})"
             )
         _vec3(self.origin, "origin")
+        if not self.block_half_size > self.peg_half_size + self.hole_clearance:
+            raise SpecError(
+                f"block_half_size ({self.block_half_size}) must exceed peg_half_size + hole_clearance "
+                f"({self.peg_half_size + self.hole_clearance}): the hole must fit in the block"
+            )
+        if "hole" in self.objects and not self.objects["hole"][2] > 0:
+            raise SpecError(
+                f"objects.hole: the hole's top must be above the table (z > 0), got {self.objects['hole']}"
+            )
         if self.render_backend not in RENDER_BACKENDS:
             raise SpecError(
                 f"render_backend: {self.render_backend!r} is not a backend; allowed: {', '.join(RENDER_BACKENDS)}"
@@ -234,6 +263,10 @@ def _scene_class() -> type:
                         body_type="kinematic",
                         initial_pose=sapien.Pose(p=p, q=disc_up),
                     )
+                elif name == "hole":
+                    self.objects[name] = _build_socket(self.scene, w, p)
+                elif name == "peg":
+                    self.objects[name] = _build_peg(self.scene, w)
                 else:
                     self.objects[name] = actors.build_sphere(
                         self.scene,
@@ -244,6 +277,23 @@ def _scene_class() -> type:
                         add_collision=False,
                         initial_pose=sapien.Pose(p=p),
                     )
+            self._tie_peg()
+
+        def _tie_peg(self) -> None:
+            """Tie the peg to the TCP: a drive whose every limit is zero (a rigid joint)."""
+            if "peg" not in self.objects:
+                return
+            w = self.world
+            drive = self.scene.create_drive(
+                self.agent.tcp, sapien.Pose(p=[0.0, 0.0, w.peg_gap + w.peg_length / 2]),
+                self.objects["peg"], sapien.Pose(),
+            )  # fmt: skip
+            raw = drive._objs[0]
+            for axis in ("x", "y", "z"):
+                getattr(raw, f"set_limit_{axis}")(0.0, 0.0)
+            raw.set_limit_twist(0.0, 0.0)
+            raw.set_limit_pyramid(0.0, 0.0, 0.0, 0.0)
+            self.peg_drive = drive
 
         def _initialize_episode(self, env_idx, options: dict):
             self.agent.reset(self.agent.keyframes["rest"].qpos)
@@ -256,6 +306,42 @@ def _scene_class() -> type:
             return {}
 
     return RlinfNbTableScene
+
+
+def _build_socket(scene: Any, w: SimWorldConfig, top: list[float]) -> Any:
+    """The socket fixture: four kinematic boxes round a square hole, standing on the table.
+
+    The actor's origin is the hole's top centre (``top``, world frame); the walls reach down to the
+    table, so the block is ``top``'s height above the table tall.
+    """
+    import sapien
+
+    height = top[2] - BASE_POSITION[2]  # the table top is at the base's height
+    hole = w.peg_half_size + w.hole_clearance
+    wall = (w.block_half_size - hole) / 2  # half the thickness of each wall
+    builder = scene.create_actor_builder()
+    material = sapien.render.RenderMaterial(base_color=_COLORS["hole"])
+    for sign in (-1.0, 1.0):
+        for along_x in (True, False):
+            centre = sign * (hole + wall)
+            pos = [centre, 0.0, -height / 2] if along_x else [0.0, centre, -height / 2]
+            half = [wall, w.block_half_size, height / 2] if along_x else [hole, wall, height / 2]
+            builder.add_box_collision(pose=sapien.Pose(p=pos), half_size=half)
+            builder.add_box_visual(pose=sapien.Pose(p=pos), half_size=half, material=material)
+    builder.initial_pose = sapien.Pose(p=top)
+    return builder.build_kinematic(name="hole")
+
+
+def _build_peg(scene: Any, w: SimWorldConfig) -> Any:
+    """The square peg (a light dynamic box, its long axis along the TCP's z; tied to the TCP later)."""
+    import sapien
+
+    half = [w.peg_half_size, w.peg_half_size, w.peg_length / 2]
+    builder = scene.create_actor_builder()
+    builder.add_box_collision(half_size=half, density=200.0)
+    builder.add_box_visual(half_size=half, material=sapien.render.RenderMaterial(base_color=_COLORS["peg"]))
+    builder.initial_pose = sapien.Pose(p=[0.0, 0.0, 0.5])
+    return builder.build(name="peg")
 
 
 def _lavapipe_hint(exc: BaseException) -> str:
@@ -468,6 +554,22 @@ class SimWorld(Device):
         self._art.set_qpos(full.astype(np.float32))
         self._art.set_qvel(np.zeros(9, dtype=np.float32))
         self._action[:7] = q
+        self._snap_peg(q)
+
+    def _snap_peg(self, q: np.ndarray) -> None:
+        """Put the held peg where its joint to the TCP (at arm joints ``q``) holds it, at rest."""
+        if "peg" not in self.config.objects:
+            return
+        import sapien
+
+        cfg: SimWorldConfig = self.config
+        tcp = self._tcp_pose(np.asarray(q, dtype=np.float64))
+        tcp[:3, 3] += np.asarray(BASE_POSITION)
+        pose = sapien.Pose(tcp) * sapien.Pose(p=[0.0, 0.0, cfg.peg_gap + cfg.peg_length / 2])
+        peg = self.env.objects["peg"]
+        peg.set_pose(pose)
+        peg.set_linear_velocity(np.zeros(3))
+        peg.set_angular_velocity(np.zeros(3))
 
     # -- gripper ----------------------------------------------------------------------------
     def gripper_opening(self) -> float:
@@ -502,7 +604,11 @@ class SimWorld(Device):
         env = self._require_open("read objects")
         out = {}
         for name in self.config.objects:
-            if name in self._markers:
+            if name == "peg":  # its tip, half the peg's length along its axis from its centre
+                pose = env.objects[name]._objs[0].pose
+                tip = pose.to_transformation_matrix() @ np.array([0.0, 0.0, self.config.peg_length / 2, 1.0])
+                out[name] = tip[:3] - self._base
+            elif name in self._markers:
                 out[name] = self._markers[name].copy()
             else:
                 out[name] = np.asarray(env.objects[name]._objs[0].pose.p, dtype=np.float64) - self._base
@@ -514,8 +620,20 @@ class SimWorld(Device):
 
         env = self._require_open("place objects")
         pos = _vec3(position, f"place({name!r})")
+        if name == "peg":
+            raise RobotError("sim driver: the peg is held by the hand and follows it; move the arm instead")
         actor = env.objects[name]
         world = pos + self._base
+        if name == "hole":
+            built = float(self.config.objects["hole"][2])
+            if abs(pos[2] - built) > 1e-3:
+                raise SpecError(
+                    f"sim driver: the socket block was built {built} m tall (devices.sim.config.objects.hole z), so "
+                    f"its hole cannot be placed at z = {pos[2]}; set that z to the task's hole_height"
+                )
+            self._markers[name] = pos.copy()
+            actor.set_pose(sapien.Pose(p=world.tolist()))
+            return
         if name == "puck":
             actor.set_pose(sapien.Pose(p=world.tolist()))
             actor.set_linear_velocity(np.zeros(3))
@@ -531,7 +649,9 @@ class SimWorld(Device):
     def reset_objects(self) -> None:
         """Every object back to its start position."""
         for name, pos in self.config.objects.items():
-            self.place(name, np.asarray(pos, dtype=np.float64))
+            if name != "peg":
+                self.place(name, np.asarray(pos, dtype=np.float64))
+        self._snap_peg(self.qpos()[:7])
 
 
 class _SimComponent:
@@ -760,6 +880,25 @@ class SimScene(_SimComponent, Scene):
     @property
     def object_names(self) -> tuple[str, ...]:
         return tuple(self.device.config.objects)
+
+    @property
+    def addable_objects(self) -> tuple[str, ...]:
+        return tuple(name for name in ADDABLE_OBJECTS if name not in self.device.config.objects)
+
+    def add_objects(self, names: list[str]) -> None:
+        """Build ``names`` (from :data:`ADDABLE_OBJECTS`, at their default start) into the scene when it opens."""
+        unknown = [n for n in names if n not in self.addable_objects]
+        if unknown:
+            raise SpecError(
+                f"{self._label}: cannot add object(s) {unknown}; addable: {', '.join(self.addable_objects) or 'none'}"
+            )
+        if self.device.is_open:
+            raise RobotError(
+                f"{self._label}: cannot add objects {names} to a scene that is already built; disconnect the "
+                f"robot first, or list them in the device's config.objects"
+            )
+        for name in names:
+            self.device.config.objects[name] = list(ADDABLE_OBJECTS[name])
 
     def _read(self) -> dict[str, np.ndarray]:
         return {k: v.astype(np.float32) for k, v in self.device.object_positions().items()}

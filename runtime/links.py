@@ -1,0 +1,142 @@
+"""Simulated network links on a run's channels (``placement.links``; off by default).
+
+A run's ``placement.links`` section gives each message stream between node groups a
+:class:`~rlinf_nb.link.ChannelLink` (a latency distribution plus a bandwidth):
+
+* ``obs``: env workers -> rollout workers (observations),
+* ``actions``: rollout workers -> env workers (actions, values),
+* ``trajectories``: env workers -> the controller/learner (one rollout's arrays per segment).
+
+Both env -> rollout paths honour it. With ``placement.env_to_rollout: channel`` the ``obs`` and
+``actions`` channels get the links themselves (items become visible at their delivery time). With
+``direct`` (one actor call per step) each env worker keeps a :class:`DirectLink`: it waits until the
+simulated delivery time of its request before sending it, and of the reply before using it, with the
+same :class:`~rlinf_nb.link.LinkClock` maths and payload sizes as a channel. Links only delay
+messages, never change them: the same seed gives the same batches with and without links.
+
+    placement:
+      links:
+        obs: {latency: {kind: constant, ms: 50}}
+        actions: {latency: {kind: uniform, low_ms: 20, high_ms: 80}, bandwidth_bytes_s: 1.0e6}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_nb.config import build, param, to_dict
+from rlinf_nb.link import ChannelLink, LinkClock
+
+__all__ = ["LINK_NAMES", "DirectLink", "LinkDelays", "RunLinks", "link_enabled"]
+
+LINK_NAMES = ("obs", "actions", "trajectories")
+
+
+def link_enabled(link: ChannelLink) -> bool:
+    """Whether ``link`` delays anything (a non-zero latency or a bandwidth limit)."""
+    return not link.latency.is_zero or link.bandwidth_bytes_s > 0
+
+
+@dataclass
+class RunLinks:
+    """Simulated links between a run's node groups, one per message stream (all off by default)."""
+
+    obs: ChannelLink = param(
+        factory=ChannelLink,
+        doc="env -> rollout: each observation (the obs channel, or each direct request)",
+    )
+    actions: ChannelLink = param(
+        factory=ChannelLink,
+        doc="rollout -> env: each action reply (the actions channel, or each direct reply)",
+    )
+    trajectories: ChannelLink = param(
+        factory=ChannelLink,
+        doc="env -> learner: each env worker's rollout segment (the trajectories channel)",
+    )
+
+    def active(self) -> dict[str, ChannelLink]:
+        """The links that delay anything, by stream name (empty = links off)."""
+        return {name: getattr(self, name) for name in LINK_NAMES if link_enabled(getattr(self, name))}
+
+    def channel_link(self, name: str) -> ChannelLink | None:
+        """The link of channel ``name`` (None when it is off, so the channel runs without one)."""
+        return self.active().get(name)
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """The active links as plain dicts (for the run's events and status)."""
+        out = {}
+        for name, link in self.active().items():
+            d = to_dict(link)
+            d["latency"] = {k: v for k, v in d["latency"].items() if v is not None}
+            out[name] = d
+        return out
+
+
+class LinkDelays:
+    """Running totals of simulated delays per stream: ``{name: [seconds, messages]}``."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, list[float]] = {}
+
+    def add(self, name: str, seconds: float, messages: int = 1) -> None:
+        tot = self.totals.setdefault(name, [0.0, 0])
+        tot[0] += seconds
+        tot[1] += messages
+
+    def merge(self, other: Mapping[str, list[float]]) -> None:
+        for name, (seconds, messages) in other.items():
+            self.add(name, seconds, int(messages))
+
+    def metrics(self) -> dict[str, float]:
+        """``link_delay_ms`` (mean over every message) and ``link_delay_ms/<stream>``."""
+        out = {f"link_delay_ms/{n}": 1000.0 * s / m for n, (s, m) in self.totals.items() if m}
+        seconds = sum(s for s, _ in self.totals.values())
+        messages = sum(m for _, m in self.totals.values())
+        if messages:
+            out["link_delay_ms"] = 1000.0 * seconds / messages
+        return out
+
+
+class DirectLink:
+    """The ``obs``/``actions`` links of one env worker's direct requests (``env_to_rollout: direct``).
+
+    Each env worker draws its own latencies (seed ``link.seed + rank``) and has its own bandwidth,
+    as if it had its own line to its rollout worker.
+    """
+
+    def __init__(self, links: Mapping[str, Any], rank: int):
+        def clock(name: str) -> LinkClock | None:
+            if name not in links:
+                return None
+            link = build(ChannelLink, links[name], path=f"placement.links.{name}")
+            return LinkClock(dataclasses.replace(link, seed=link.seed + rank))
+
+        self.obs, self.actions = clock("obs"), clock("actions")
+        self.delays = LinkDelays()
+
+    def call(self, fn: Callable[[Any], Any], msg: Any) -> Any:
+        """``fn(msg)`` with the request delivered over ``obs`` and the reply over ``actions``."""
+        self._send("obs", self.obs, msg)
+        reply = fn(msg)
+        self._send("actions", self.actions, reply)
+        return reply
+
+    def take_delays(self) -> dict[str, list[float]]:
+        """The delays since the last call, ``{stream: [seconds, messages]}``."""
+        out, self.delays = self.delays.totals, LinkDelays()
+        return out
+
+    def _send(self, name: str, clock: LinkClock | None, payload: Any) -> None:
+        if clock is None:
+            return
+        from .channel import to_wire
+
+        now = time.monotonic()
+        due = clock.deliver(now, to_wire(payload)[1])
+        self.delays.add(name, due - now)
+        while (left := due - time.monotonic()) > 0:
+            time.sleep(left)

@@ -1,0 +1,142 @@
+"""``placement.links``: simulated latency/bandwidth on a run's obs, actions and trajectories streams."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from rlinf_nb.runtime.links import DirectLink, LinkDelays, RunLinks, link_enabled
+
+from rlinf_nb.config import ConfigError, build
+from rlinf_nb.link import ChannelLink
+from rlinf_nb.run_config import RunConfig
+
+# ----------------------------------------------------------------------------- config (no cluster)
+
+
+def links_of(section: dict) -> RunLinks:
+    return build(RunConfig, {"placement": {"links": section}}).placement.links
+
+
+def test_links_are_off_by_default():
+    links = RunConfig().placement.links
+    assert links.active() == {} and links.describe() == {}
+    assert all(links.channel_link(n) is None for n in ("obs", "actions", "trajectories"))
+
+
+def test_an_unknown_stream_lists_the_allowed_ones():
+    with pytest.raises(
+        ConfigError, match=r"placement\.links\.frames: .*allowed keys: actions, obs, trajectories"
+    ):
+        links_of({"frames": {"latency": 10}})
+
+
+@pytest.mark.parametrize(
+    "section, says",
+    [
+        ({"obs": {"latency": {"kind": "slow"}}}, r"placement\.links\.obs\.latency\.kind: got 'slow'; allowed values: 'none'"),
+        ({"actions": {"latency": {"kind": "uniform", "low_ms": 5}}}, r"placement\.links\.actions\.latency\.high_ms: got None; required by kind 'uniform'"),
+        ({"obs": {"latency": {"kind": "constant", "ms": 5, "std_ms": 1}}}, r"placement\.links\.obs\.latency\.std_ms: got 1.*not used by kind 'constant'"),
+        ({"trajectories": {"bandwidth_bytes_s": -1}}, r"placement\.links\.trajectories\.bandwidth_bytes_s: got -1.0; allowed range"),
+    ],
+)  # fmt: skip
+def test_bad_link_fields_name_the_key_path(section, says):
+    with pytest.raises(ConfigError, match=says):
+        links_of(section)
+
+
+def test_active_links_and_their_description():
+    links = links_of(
+        {"obs": {"latency": {"kind": "constant", "ms": 50}}, "trajectories": {"bandwidth_bytes_s": 1e6}}
+    )
+    assert set(links.active()) == {"obs", "trajectories"}
+    assert links.channel_link("actions") is None and links.channel_link("obs").latency.ms == 50
+    assert links.describe()["obs"] == {
+        "latency": {"kind": "constant", "ms": 50.0},
+        "bandwidth_bytes_s": 0.0,
+        "seed": 0,
+    }
+    assert not link_enabled(ChannelLink()) and link_enabled(build(ChannelLink, {"bandwidth_bytes_s": 10}))
+
+
+def test_direct_link_waits_out_request_and_reply_and_leaves_the_data_alone():
+    """Constant 30 ms each way plus 1000 bytes at 100 kB/s (10 ms) on the reply: the recorded delays
+    are the link's own maths, the reply is what ``fn`` returned."""
+    import time
+
+    link = DirectLink(
+        {"obs": {"latency": {"kind": "constant", "ms": 30}},
+         "actions": {"latency": {"kind": "constant", "ms": 30}, "bandwidth_bytes_s": 1e5}},
+        rank=0,
+    )  # fmt: skip
+    reply = {"actions": np.arange(250, dtype=np.float32)}  # 1000 bytes
+    t0 = time.monotonic()
+    out = link.call(lambda msg: reply, {"obs": np.zeros(4, np.float32)})
+    assert out is reply
+    assert time.monotonic() - t0 >= 0.030 + 0.040  # a lower bound: both deliveries were waited out
+    delays = link.take_delays()
+    assert delays["obs"][0] == pytest.approx(0.030) and delays["obs"][1] == 1
+    assert delays["actions"][0] == pytest.approx(0.040) and delays["actions"][1] == 1
+    assert link.take_delays() == {}
+
+
+def test_link_delays_metrics():
+    d = LinkDelays()
+    d.add("obs", 0.05, 2)
+    d.merge({"actions": [0.3, 2]})
+    m = d.metrics()
+    assert m["link_delay_ms/obs"] == pytest.approx(25.0) and m["link_delay_ms/actions"] == pytest.approx(
+        150.0
+    )
+    assert m["link_delay_ms"] == pytest.approx(87.5)
+    assert LinkDelays().metrics() == {}
+
+
+# ----------------------------------------------------------------------------- on the cluster
+
+T = 8  # rollout steps per segment: T + 1 policy calls (the last one for bootstrap values)
+LINKS = {
+    "obs": {"latency": {"kind": "constant", "ms": 50}},
+    "actions": {"latency": {"kind": "constant", "ms": 50}},
+    "trajectories": {"latency": {"kind": "constant", "ms": 200}},
+}
+
+
+def one_segment(mode: str, links: dict | None):
+    import rlinf_nb as rl
+
+    placement = {"env_to_rollout": mode, **({"links": links} if links else {})}
+    run = rl.launch({
+        "algorithm": "ppo", "seed": 5,
+        "env": {"id": "CartPole-v1", "num_envs": 2},
+        "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [16]}},
+        "algo": {"rollout_steps": T, "epochs": 1, "minibatch_size": 16},
+        "placement": placement,
+        "budget": {"total_env_steps": 2 * T}, "checkpoint": {"every": 0}, "linger_s": 60,
+    }, name=f"links_{mode}_{uuid.uuid4().hex[:6]}")  # fmt: skip
+    st = run.wait(timeout=600, progress=False)
+    assert st["state"] == "finished", st.get("error")
+    return run, run.batch().to_local(), run.metrics().iloc[-1], st
+
+
+@pytest.mark.usefixtures("attached")
+def test_links_delay_both_rollout_paths_and_never_change_the_data():
+    plain_run, plain, plain_m, plain_st = one_segment("direct", None)
+    assert "link_delay_ms" not in plain_m.index and "links" not in plain_st
+    assert "links" not in set(plain_run.events()["kind"])
+    # the physics: every policy call crosses the obs link then the actions link (50 + 50 ms), and the
+    # segment crosses the trajectories link (200 ms), so the controller's rollout stage takes at least
+    bound_s = (T + 1) * (0.050 + 0.050) + 0.200
+    for mode in ("direct", "channel"):
+        run, batch, m, st = one_segment(mode, LINKS)
+        assert m["time/rollout"] >= bound_s, (mode, m["time/rollout"])
+        assert m["link_delay_ms/obs"] == pytest.approx(50.0, abs=1e-3), mode
+        assert m["link_delay_ms/actions"] == pytest.approx(50.0, abs=1e-3), mode
+        assert m["link_delay_ms/trajectories"] == pytest.approx(200.0, abs=1e-3), mode
+        assert st["links"]["obs"]["latency"] == {"kind": "constant", "ms": 50.0}, mode
+        events = run.events()
+        ev = events[events["kind"] == "links"].iloc[0]
+        assert ev["env_to_rollout"] == mode and ev["trajectories"]["latency"]["ms"] == 200.0
+        for key in ("obs", "actions", "logprobs", "values", "rewards", "dones"):  # links only delay
+            np.testing.assert_array_equal(batch[key], plain[key], err_msg=f"{mode}: {key}")
