@@ -85,11 +85,16 @@ def lab(cluster, session_home: Path, tmp_path_factory):
     pytest.importorskip("playwright.sync_api")
     root = tmp_path_factory.mktemp("labroot")
     shutil.copy(REPO / "notebooks" / NB, root / NB)
+    for base, token in serve_lab_in(root, NB, session_home, root.parent / "lab.log"):
+        yield base, token, root
+
+
+def serve_lab_in(root: Path, notebook: str, session_home: Path, log: Path):
+    """Yield ``(base_url, token)`` of ``rlinf-nb lab`` serving ``root`` on 127.0.0.1; stop it after."""
     port, token = _free_port(), secrets.token_hex(16)
-    log = root.parent / "lab.log"
     code = (
         "from rlinf_nb.lab import serve_lab; import sys; "
-        f"sys.exit(serve_lab(port={port}, open_path={NB!r}, root_dir={str(root)!r}, token={token!r}))"
+        f"sys.exit(serve_lab(port={port}, open_path={notebook!r}, root_dir={str(root)!r}, token={token!r}))"
     )
     env = dict(os.environ, RLINF_NB_HOME=str(session_home), RLINF_NB_CI="1")
     with log.open("wb") as out:
@@ -107,7 +112,7 @@ def lab(cluster, session_home: Path, tmp_path_factory):
 
     try:
         _wait(up, 120, "the lab answering")
-        yield base, token, root
+        yield base, token
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -16,14 +16,8 @@ go to test-output/browser_robot_*.png.
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -32,15 +26,14 @@ import numpy as np
 import pytest
 from rlinf_nb.robots.spec import load_spec
 
-from tests.helpers import REPO
 from tests.test_browser import (
     _ALL_RAN,
     CHROMIUM,
     OUT,
-    _free_port,
     _page_problems,
     _wait,
     open_notebook,
+    serve_lab_in,
 )
 
 pytestmark = pytest.mark.browser
@@ -87,35 +80,7 @@ def robot_lab(cluster, session_home: Path, tmp_path_factory, run_name: str):
                 nbformat.v4.new_code_cell("dash = rl.dashboard(run, metrics=['intervention_rate'])\ndash")]  # fmt: skip
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / NB)
-    port, token = _free_port(), secrets.token_hex(16)
-    log = root.parent / "robot_lab.log"
-    code = (
-        "from rlinf_nb.lab import serve_lab; import sys; "
-        f"sys.exit(serve_lab(port={port}, open_path={NB!r}, root_dir={str(root)!r}, token={token!r}))"
-    )
-    env = dict(os.environ, RLINF_NB_HOME=str(session_home), RLINF_NB_CI="1")
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, f"the lab exited early:\n{log.read_text()}"
-        try:
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    try:
-        _wait(up, 120, "the lab answering")
-        yield base, token
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    yield from serve_lab_in(root, NB, session_home, root.parent / "robot_lab.log")
 
 
 @pytest.fixture(scope="module")

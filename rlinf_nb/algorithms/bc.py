@@ -93,6 +93,18 @@ def bc_loss(dist: Any, actions: Tensor, kind: str = "nll") -> Tensor:
     raise ValueError(f"bc_loss: kind must be one of {LOSSES}, got {kind!r}")
 
 
+def gradient_step(
+    optimizer: torch.optim.Optimizer, loss: Tensor, params: list[Tensor], max_grad_norm: float
+) -> float:
+    """One optimiser step on ``loss`` (grad-norm clipped to ``max_grad_norm`` when > 0); the loss value."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return float(loss.detach())
+
+
 # ----------------------------------------------------------------------------- data
 
 
@@ -180,12 +192,7 @@ class BCLearner:
         for _ in range(cfg.updates_per_iter):
             idx = torch.randint(n, (min(cfg.batch_size, n),), generator=self.generator)
             loss = bc_loss(self.policy.distribution(self.obs[idx]), self.actions[idx], cfg.loss)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            self.optimizer.step()
-            losses.append(float(loss.detach()))
+            losses.append(gradient_step(self.optimizer, loss, params, cfg.max_grad_norm))
         with torch.no_grad():
             sample = torch.randint(n, (min(4096, n),), generator=self.generator)
             mode = self.policy.distribution(self.obs[sample]).mode()

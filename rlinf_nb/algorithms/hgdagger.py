@@ -33,6 +33,7 @@ from torch import Tensor
 from rlinf_nb import tree
 from rlinf_nb.config import param
 
+from .bc import gradient_step
 from .registry import Algorithm, Stage, register_algorithm
 from .replay import ReplayBuffer
 from .stages import sync_weights_stage
@@ -150,12 +151,7 @@ class HGDAggerLearner:
                     torch.as_tensor(b["mask"]),
                     cfg.loss,
                 )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                self.optimizer.step()
-                losses.append(float(loss.detach()))
+                losses.append(gradient_step(self.optimizer, loss, params, cfg.max_grad_norm))
         return {"bc_loss": float(np.mean(losses)) if losses else None, "updates": float(len(losses)),
                 "labelled_added": float(added), "dataset_size": float(len(self.data)),
                 "labelled_total": float(self.num_labelled)}  # fmt: skip
