@@ -8,9 +8,11 @@ env worker, random actions:
 1. **plain loop** -- ``gym.make("PushCube-v1", num_envs=1, ...)`` stepped in a tight loop
    (resetting on done), in ``--workers`` processes at once (the same envs the cluster runs);
 2. **make_env loop** -- the same through ``rlinf_nb.envs.make_env("maniskill:PushCube-v1")``
-   (numpy conversion, same-step autoreset, episode bookkeeping);
+   (numpy conversion, same-step autoreset, episode bookkeeping); and the plain loop that also runs
+   the same MLP policy (``policy.act``) in-process each step, the floor of any rollout with a policy;
 3. **cluster rollout** -- a PPO run (``epochs=1``, so updates are short) with
-   ``env_workers=--workers`` and ``num_envs=1``; rollout env-steps/s per iteration is
+   ``env_workers=--workers`` and ``num_envs=1``, once per ``placement.env_to_rollout`` mode
+   (``direct``: a rollout worker answers each step; ``colocated``: the env worker runs the policy); rollout env-steps/s per iteration is
    ``rollout_steps * workers / time/rollout`` (the rollout stage only: env steps plus the
    channel round trips to the rollout worker's policy), median over iterations after the
    first. The plain loop is measured before and after, and the ratio uses their mean.
@@ -68,6 +70,37 @@ def plain_loop(obs_mode: str, seconds: float, workers: int) -> tuple[float, floa
     return statistics.mean(m for m, _ in out), sum(r for _, r in out)
 
 
+def plain_policy_loop(seconds: float) -> float:
+    """Env-steps/s of the plain loop that also runs the bench's MLP policy in-process per step.
+
+    What any rollout with a policy in the loop pays at least: the env step plus one forward pass.
+    """
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401
+    import torch
+
+    from rlinf_nb.policies import make_policy
+
+    torch.set_num_threads(1)
+    env = gym.make(ENV_ID, num_envs=1, obs_mode="state", sim_backend="physx_cpu")
+    obs, _ = env.reset(seed=0)
+    base = env.unwrapped
+    policy = make_policy(
+        "mlp", base.single_observation_space, base.single_action_space, hidden_sizes=[256, 256]
+    )
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        with torch.no_grad():
+            action, _, _ = policy.act(torch.as_tensor(obs.numpy() if hasattr(obs, "numpy") else obs))
+        obs, _, term, trunc, _ = env.step(action.numpy())
+        steps += 1
+        if bool(term.any()) or bool(trunc.any()):
+            obs, _ = env.reset()
+    rate = steps / (time.perf_counter() - t0)
+    env.close()
+    return rate
+
+
 def make_env_loop(obs_mode: str, seconds: float) -> tuple[float, float]:
     """(make s, steps/s) of one env through rlinf_nb.envs.make_env."""
     import numpy as np
@@ -88,8 +121,12 @@ def make_env_loop(obs_mode: str, seconds: float) -> tuple[float, float]:
     return make_s, rate
 
 
-def cluster_rollout(workers: int, rollout_steps: int, iterations: int) -> dict[str, float]:
-    """Rollout env-steps/s of a PPO run on the cluster (median over iterations after the first)."""
+def cluster_rollout(workers: int, rollout_steps: int, iterations: int, mode: str) -> dict[str, float]:
+    """Rollout env-steps/s of a PPO run on the cluster (median over iterations after the first).
+
+    ``mode`` is ``placement.env_to_rollout``: ``direct`` (a rollout worker answers each step) or
+    ``colocated`` (each env worker runs its own copy of the policy).
+    """
     import rlinf_nb as rl
 
     rl.attach(quiet=True)
@@ -99,12 +136,12 @@ def cluster_rollout(workers: int, rollout_steps: int, iterations: int) -> dict[s
         "env": {"id": f"maniskill:{ENV_ID}", "num_envs": 1, "kwargs": {"obs_mode": "state"}},
         "algo": {"rollout_steps": rollout_steps, "epochs": 1, "minibatch_size": rollout_steps * workers},
         "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [256, 256]}},
-        "placement": {"env": {"num_workers": workers}},
+        "placement": {"env": {"num_workers": workers}, "env_to_rollout": mode},
         "budget": {"total_env_steps": rollout_steps * workers * iterations},
         "checkpoint": {"every": 0, "keep": 1},
     }
     t0 = time.time()
-    run = rl.launch(cfg, name=f"bench_maniskill_{uuid.uuid4().hex[:6]}")
+    run = rl.launch(cfg, name=f"bench_maniskill_{mode}_{uuid.uuid4().hex[:6]}")
     run.wait(timeout=1800, progress=False)
     df = run.metrics()
     if df.empty or "time/rollout" not in df:
@@ -139,23 +176,35 @@ def main() -> None:
         rows.append(("plain env.step loop, rgb 128px, 1 env", rate, make_s))
         make_s, rate = make_env_loop("rgb", args.seconds)
         rows.append(("make_env loop, rgb 128px, 1 env", rate, make_s))
-    cluster = None
+    with_policy = plain_policy_loop(args.seconds)
+    rows.append(("plain loop + MLP policy.act, 1 env", with_policy, None))
+    cluster: dict[str, dict[str, float]] = {}
     if not args.skip_cluster:
-        cluster = cluster_rollout(args.workers, args.rollout_steps, args.iterations)
+        for mode in ("direct", "colocated"):
+            cluster[mode] = cluster_rollout(args.workers, args.rollout_steps, args.iterations, mode)
         make_s, after = plain_loop("state", args.seconds, args.workers)
         rows.append((f"plain env.step loop again, {args.workers} proc", after, make_s))
-        rows.append((f"cluster rollout, {args.workers} env worker(s)", cluster["rollout_steps_per_s"], None))
+        for mode, result in cluster.items():
+            rows.append(
+                (
+                    f"cluster rollout, {mode}, {args.workers} env worker(s)",
+                    result["rollout_steps_per_s"],
+                    None,
+                )
+            )
 
     print(f"\n{'what':<44}{'env-steps/s':>12}{'make s':>9}")
     for what, rate, make in rows:
         print(f"{what:<44}{rate:>12.1f}{'' if make is None else f'{make:.2f}':>9}")
     plain_state = rows[0][1]
     print(f"\nmake_env / plain (state, 1 env) = {ours / (plain_state / args.workers):.2f}")
-    if cluster is not None:
-        plain = (before + after) / 2
-        print(f"cluster rollout / plain loop = {cluster['rollout_steps_per_s'] / plain:.2f}  (target >= 0.9)")
-        print(f"(whole PPO iteration incl. update: {cluster['overall_steps_per_s']:.1f} env-steps/s; "
-              f"run {cluster['seconds']:.0f} s, {cluster['iterations']} iterations)")  # fmt: skip
+    plain = (before + after) / 2 if cluster else 0.0
+    for mode, result in cluster.items():
+        rate = result["rollout_steps_per_s"]
+        print(f"cluster rollout ({mode}) / plain loop = {rate / plain:.2f}  (target >= 0.9); "
+              f"/ plain loop + policy = {rate / with_policy:.2f}")  # fmt: skip
+        print(f"  (whole PPO iteration incl. update: {result['overall_steps_per_s']:.1f} env-steps/s; "
+              f"run {result['seconds']:.0f} s, {result['iterations']} iterations)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ BENCHES = [
     "bench_channel.py",
     "bench_codec.py",
     "bench_ppo_cartpole.py",
+    "bench_ppo_pushcube.py",  # ~6 min per side at full length
     "bench_sac_pendulum.py",
     "bench_dashboard.py",
     "bench_dashboard_calls.py",

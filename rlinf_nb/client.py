@@ -58,13 +58,15 @@ def _default_name(cfg: RunConfig) -> str:
 
 
 def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | None = None,
-           resume: bool = False, **overrides: Any) -> Run:  # fmt: skip
+           resume: bool = False, paused: bool = False, **overrides: Any) -> Run:  # fmt: skip
     """Start a run on the cluster (attaching first if needed) and return its handle.
 
     Args:
         config_or_recipe: a packaged recipe name (``rl.recipes.names()``), a dict or a RunConfig.
         name: the run's name (its directory under ``runs/``); default: algorithm_env_timestamp.
         resume: continue the existing run ``name`` from its newest complete checkpoint.
+        paused: set the run up, then wait before its first stage (``run.step()`` from the very first
+            rollout, or ``run.resume()``).
         **overrides: config values, e.g. ``num_envs=16``, ``seed=1``, ``algo__lr=3e-4``.
 
     Raises:
@@ -97,7 +99,7 @@ def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | No
         _wait_gone(name)
     algorithm = _shippable_algorithm(cfg.algorithm)
     RunController.options(name=actor_name(name), namespace=cluster.NAMESPACE, lifetime="detached",
-                          max_restarts=0).remote(name, to_dict(cfg), resume, algorithm)  # fmt: skip
+                          max_restarts=0).remote(name, to_dict(cfg), resume, algorithm, paused)  # fmt: skip
     run = Run(name)
     run._wait_started()
     return run

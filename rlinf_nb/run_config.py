@@ -86,15 +86,29 @@ class PlacementConfig:
     actor: GroupConfig = param(factory=_actor_group, doc="the learner")
     env_to_rollout: str = param(
         "direct",
-        doc="how env workers get actions: 'direct' (one call to their rollout worker per step) or "
-        "'channel' (through the obs/actions channels: four messages per step, batched per rollout worker)",
-        choices=("direct", "channel"),
+        doc="how env workers get actions: 'direct' (one call to their rollout worker per step), "
+        "'channel' (through the obs/actions channels: four messages per step, batched per rollout worker) "
+        "or 'colocated' (each env worker runs its own copy of the policy, weights synced to it; no rollout "
+        "workers and no per-step call: fastest for small CPU policies; placement.rollout is then unused)",
+        choices=("direct", "channel", "colocated"),
     )
     links: RunLinks = param(
         factory=RunLinks,
         doc="simulated network links (latency + bandwidth) on the obs, actions and trajectories streams "
-        "between the node groups, in both env_to_rollout modes (off by default)",
+        "between the node groups, in the direct and channel env_to_rollout modes (off by default)",
     )
+
+    def validate(self) -> None:
+        if self.env_to_rollout != "colocated":
+            return
+        for stream, link in self.links.active().items():
+            if stream in ("obs", "actions"):
+                raise ConfigError(
+                    f"links.{stream}",
+                    dataclasses.asdict(link),
+                    "a colocated policy has no obs/actions link to simulate (env and policy share a "
+                    "process); use env_to_rollout: direct or channel, or env.link for a delayed robot",
+                )
 
 
 @dataclass
@@ -208,6 +222,12 @@ class RunConfig:
             check(self)
         if self.policy.chunk > 1:
             self._validate_chunk(algo)
+        if self.placement.env_to_rollout == "colocated" and self.compression.obs.enabled:
+            raise ConfigError(
+                "compression.obs.enabled", True,
+                "observations never leave the env worker when placement.env_to_rollout is 'colocated' "
+                "(nothing to compress); use 'direct' or 'channel', or leave compression.obs off",
+            )  # fmt: skip
 
     def _validate_chunk(self, algo: Any) -> None:
         """Action chunks need an algorithm that executes them and a rollout length they divide."""

@@ -380,6 +380,10 @@ class TeleopState:
     """The e-stop button is pressed (latches the robot's e-stop)."""
     buttons: dict[str, bool] = field(default_factory=dict)
     """Every named button's state (for success/failure marks and the like)."""
+    joints: dict[str, float] | None = None
+    """A leader arm's joint targets by joint name, in the follower's joint units (degrees, or LeRobot's
+    -100..100), gripper excluded (it is ``gripper``); None for end-effector devices (keyboard, gamepad),
+    whose request is ``action``. In ``joint_delta`` envs the human's action steps toward these joints."""
 
 
 class Teleop(Component):

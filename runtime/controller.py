@@ -104,7 +104,8 @@ class RunControllerImpl:
     """The loop and its state; wrapped as a Ray actor by :data:`RunController`."""
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
-                 algorithm: Algorithm | None = None):  # fmt: skip
+                 algorithm: Algorithm | None = None, paused: bool = False):  # fmt: skip
+        self.created_at = time.perf_counter()
         self.name = name
         self.run_dir = RunDir(name)
         if algorithm is not None:  # shipped by the client: may be defined in a notebook cell
@@ -112,11 +113,13 @@ class RunControllerImpl:
         self.cfg: RunConfig = build(RunConfig, config)
         self.algo: Algorithm = get_algorithm(self.cfg.algorithm)
         self.stages: list[Stage] = list(self.algo.stages)
+        # placement.env_to_rollout: colocated -> no rollout workers; each env worker runs the policy itself
+        self.colocated = self.cfg.placement.env_to_rollout == "colocated"
         self.ctx = StageContext(self)
         self.overrides: dict[str, Any] = {}
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
-        self.mode = "run"  # run | pause | step
+        self.mode = "pause" if paused else "run"  # run | pause | step; paused: wait before the first stage
         self.state = "starting"  # starting | running | paused | finished | stopped | failed
         self.error: str | None = None
         self.stop_requested = False
@@ -157,6 +160,11 @@ class RunControllerImpl:
         self.resumed_from: int | None = None
         self.ended_at: float | None = None
         self._segment: tuple[Any, Any] | None = None  # off-policy: the collection segment in flight
+        self.latest_weights: tuple[list[Any], int] | None = (
+            None  # colocated: ([ref], version) of the last sync
+        )
+        self.random_warmup_done = False  # algo.random_steps collected (the event is written once)
+        self.setup_timings: dict[str, float] = {}  # setup_*_s: seconds from the controller's __init__
         self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
 
     # ------------------------------------------------------------------ logs
@@ -178,9 +186,12 @@ class RunControllerImpl:
 
     def setup(self) -> None:
         cfg = self.cfg
+        t_setup = self.created_at  # the start event's setup_*_s count from the controller's __init__
+        timings = {"setup_begin_s": time.perf_counter() - t_setup}
         if self.resume and self.run_dir.exists:
             self.metrics_rows = dedupe_steps(self.run_dir.metrics.read())
             self.event_rows = self.run_dir.events.read()
+            self.random_warmup_done = any(r.get("kind") == "random_steps_done" for r in self.event_rows)
         elif not self.run_dir.exists:
             self.run_dir.create(to_dict(cfg))
         p = cfg.placement
@@ -193,7 +204,9 @@ class RunControllerImpl:
                 p.env.resources,
                 rank_resources(p.env.robots),  # worker i also asks for robot:<robots[i]>
             ),  # fmt: skip
-            "rollout": GroupPlacement(
+            "rollout": None
+            if self.colocated
+            else GroupPlacement(
                 p.rollout.num_workers,
                 p.rollout.num_cpus,
                 p.rollout.num_gpus,
@@ -207,6 +220,7 @@ class RunControllerImpl:
         # Robots first: a held or unknown robot fails here, naming it (and who holds it).
         claim_robots(self.name, p.env.robots, run_alive=_run_alive, node_group=p.env.node_group)
         self.claimed_robots = list(p.env.robots)
+        placements = {k: v for k, v in placements.items() if v is not None}
         check_placement(placements)
         n_env = p.env.num_workers
         links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
@@ -221,21 +235,27 @@ class RunControllerImpl:
         if links.active():
             self.event("links", env_to_rollout=p.env_to_rollout, **links.describe())
         env_dict = to_dict(cfg.env)
+        policy_dict = to_dict(cfg.policy)
         self.groups["env"] = WorkerGroup(
             "env", EnvWorker, placements["env"], (env_dict, cfg.seed),
-            {"record": self._record_section(), "compression": to_dict(cfg.compression), "robots": p.env.robots},
+            {"record": self._record_section(), "compression": to_dict(cfg.compression), "robots": p.env.robots,
+             **({"policy": policy_dict} if self.colocated else {})},
             max_restarts=3,
         )  # fmt: skip
-        obs_space, action_space = self.groups["env"].call_one(0, "spaces").get(timeout=300)[0]
-        policy_dict = to_dict(cfg.policy)
-        self.groups["rollout"] = WorkerGroup("rollout", RolloutWorker, placements["rollout"],
-                                             (policy_dict, obs_space, action_space, cfg.seed), max_restarts=3)  # fmt: skip
+        # The rollout and learner workers start now and read the spaces once env worker 0 has them.
+        spaces = [self.groups["env"].actors[0].spaces.remote()]
+        if not self.colocated:  # colocated: each env worker runs its own copy of the policy
+            self.groups["rollout"] = WorkerGroup("rollout", RolloutWorker, placements["rollout"],
+                                                 (policy_dict, spaces, cfg.seed), max_restarts=3)  # fmt: skip
         self.groups["actor"] = WorkerGroup("actor", LearnerWorker, placements["actor"],
-                                           (self.algo, cfg.algo, policy_dict, obs_space, action_space, cfg.seed))  # fmt: skip
+                                           (self.algo, cfg.algo, policy_dict, spaces, cfg.seed))  # fmt: skip
+        self.groups["env"].call_one(0, "spaces").get(timeout=300)  # an env that fails to build says so here
+        timings["setup_env_s"] = time.perf_counter() - t_setup
         self.env_ranks_of = [[r for r in range(n_env) if r % p.rollout.num_workers == j]
                              for j in range(p.rollout.num_workers)]  # fmt: skip
         for g in self.groups.values():
             self.placement_info += g.health(timeout=300)
+        timings["setup_workers_s"] = time.perf_counter() - t_setup
         demos = getattr(cfg.algo, "demos", None)
         if demos:  # a resumed run's checkpoint replaces the demo buffer with its own copy
             stats = self.groups["actor"].call("load_demos", demos, env_dict, cfg.seed).get(timeout=900)[0]
@@ -251,6 +271,8 @@ class RunControllerImpl:
         if self.resume:
             self._restore()
         self.sync_weights()
+        timings["setup_s"] = time.perf_counter() - t_setup
+        self.setup_timings = {k: round(v, 3) for k, v in timings.items()}
 
     def _record_section(self) -> dict[str, Any] | None:
         """The ``record:`` section for the env workers, its root resolved (default: ``<run dir>/data``)."""
@@ -333,6 +355,14 @@ class RunControllerImpl:
         ch = self.channels
         chunk = self.cfg.policy.chunk
         decisions = check_chunk_steps(steps, chunk, "rollout steps")
+        # off-policy warm-up: uniform random actions until algo.random_steps env steps are collected
+        warmup = {"random_actions": True} if transitions and self._in_random_warmup() else {}
+        if self.colocated:
+            env_fut = self.groups["env"].call(
+                "rollout_colocated", steps, ch["trajectories"], ch["frames"], transitions, chunk=chunk,
+                weights=self.latest_weights, **warmup,
+            )  # fmt: skip
+            return env_fut, GroupFuture(self.groups["env"], "rollout_colocated", [])
         if self.cfg.placement.env_to_rollout == "direct":
             policies = self.groups["rollout"].actors
             n_roll = len(policies)
@@ -342,7 +372,7 @@ class RunControllerImpl:
             env_fut = self.groups["env"].call(
                 "rollout_direct", steps, ch["trajectories"], ch["frames"], transitions, chunk=chunk,
                 rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
-                **({"links": direct} if direct else {}),
+                **({"links": direct} if direct else {}), **warmup,
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["rollout"], "infer", [])
         env_fut = self.groups["env"].call(
@@ -354,6 +384,7 @@ class RunControllerImpl:
             ch["frames"],
             transitions,
             chunk=chunk,
+            **warmup,
         )
         roll_fut = self.groups["rollout"].call(
             "serve",
@@ -362,6 +393,16 @@ class RunControllerImpl:
             ],
         )
         return env_fut, roll_fut
+
+    def _in_random_warmup(self) -> bool:
+        """Whether the next segment still belongs to ``algo.random_steps`` (an event marks its end)."""
+        random_steps = getattr(self.cfg.algo, "random_steps", 0) or 0
+        if self.env_steps < random_steps:
+            return True
+        if random_steps and not self.random_warmup_done:
+            self.random_warmup_done = True
+            self.event("random_steps_done", random_steps=random_steps)
+        return False
 
     def _finish_segment(self, segment: tuple[Any, Any]) -> dict[str, Any]:
         """Wait for a segment, read its trajectories into ``ctx.batch`` ([T, N] arrays) and count them."""
@@ -520,7 +561,16 @@ class RunControllerImpl:
             raise RuntimeError(f"learner get_weights failed:\n{report['error']}")
         weights, version = report["result"]
         ref = ray.put(weights)
-        self.groups["rollout"].call("set_weights", ref, version).get(timeout=120)
+        if self.colocated:  # parked by each env worker and loaded before its next decision
+            self.latest_weights = ([ref], version)  # every colocated rollout call carries it, too
+            offers = [a.offer_weights.remote(ref, version) for a in self.groups["env"].actors]
+            for offer in offers:
+                try:
+                    ray.get(offer, timeout=120)
+                except RECOVERABLE:  # a dead or restarting env worker loads them at its next rollout
+                    pass
+        else:
+            self.groups["rollout"].call("set_weights", ref, version).get(timeout=120)
         return {
             "weights_version": version,
             "weights_bytes": int(sum(np.asarray(v).nbytes for v in weights.values())),
@@ -570,7 +620,8 @@ class RunControllerImpl:
     def _main(self) -> None:
         try:
             self.setup()
-            self.event("start", resumed_from=self.resumed_from, algorithm=self.cfg.algorithm)
+            self.event("start", resumed_from=self.resumed_from, algorithm=self.cfg.algorithm,
+                       paused=self.mode == "pause", **self.setup_timings)  # fmt: skip
             self.run_dir.write_status(self.status())
             while not self._budget_done():
                 self.iter_started = time.perf_counter()
@@ -864,8 +915,8 @@ class RunController:
     """
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
-                 algorithm: Algorithm | None = None):  # fmt: skip
-        self.impl = RunControllerImpl(name, config, resume, algorithm)
+                 algorithm: Algorithm | None = None, paused: bool = False):  # fmt: skip
+        self.impl = RunControllerImpl(name, config, resume, algorithm, paused)
         self.last_call = time.time()
         self.impl.thread.start()
         threading.Thread(target=self._linger_watch, name=f"linger-{name}", daemon=True).start()

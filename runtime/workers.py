@@ -21,6 +21,7 @@ from rlinf_nb import tree
 
 from .channel import Channel
 from .frames import FramePublisher
+from .inference import PolicyServer
 from .robot_claims import env_id_for, robot_of
 from .robot_control import RobotControl
 from .worker import Worker
@@ -41,11 +42,13 @@ class EnvWorker(Worker):
     while a rollout is stepping it (no per-step polling).
     """
 
-    concurrency_groups = {"control": 1}
+    concurrency_groups = {"control": 1, "weights": 1}
 
     def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int,
                  record: dict[str, Any] | None = None, compression: dict[str, Any] | None = None,
-                 robots: list[str] | None = None):  # fmt: skip
+                 robots: list[str] | None = None, policy: dict[str, Any] | None = None):  # fmt: skip
+        """``policy`` (the run's policy section) makes this worker run its own copy of the policy
+        (``placement.env_to_rollout: colocated``); None: a rollout worker answers it."""
         super().__init__(rank, world_size, group)
         from rlinf_nb.envs import make_env
 
@@ -62,7 +65,8 @@ class EnvWorker(Worker):
         )
         self.obs = self.env.reset(seed=self.seed)
         self.recording = _streamer(record, rank, self.env, env_cfg["id"])  # the run's `record:` section
-        self.obs_codec = _obs_encoder(compression, "obs")  # the run's `compression.obs` (identity when off)
+        # the run's `compression.obs` (identity when off, and when the policy is in this process)
+        self.obs_codec = _obs_encoder(None if policy else compression, "obs")
         self.frame_codec = _obs_encoder(compression, "frames")  # `compression.frames`, for the dashboard
         # every env.render_every env steps: env 0's camera frames, and its finished episodes (runtime/frames.py)
         self.frame_pub = FramePublisher(rank, int(env_cfg.get("render_every") or 0), self.frame_codec)
@@ -71,6 +75,12 @@ class EnvWorker(Worker):
         self.direct_link: Any = None
         self.steps = 0
         self.robots = RobotControl(self.env, env_cfg["id"])  # e-stop; a latched env waits in its reset
+        self.policy: PolicyServer | None = None  # colocated inference: weights arrive via offer_weights
+        if policy is not None:
+            _set_torch_threads()
+            self.policy = PolicyServer(
+                policy, self.env.observation_space, self.env.action_space, seed + 7919 * (rank + 1)
+            )
 
     def spaces(self) -> tuple[Any, Any]:
         return self.env.observation_space, self.env.action_space
@@ -116,7 +126,8 @@ class EnvWorker(Worker):
         self.frame_pub.reset()
 
     def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
-                frames_ch: Channel | None = None, transitions: bool = False, chunk: int = 1) -> dict[str, Any]:  # fmt: skip
+                frames_ch: Channel | None = None, transitions: bool = False, chunk: int = 1,
+                random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking for actions through the ``obs``/``actions`` channels.
 
         With ``chunk = k``, one observation goes out per ``k`` steps (``num_steps // k`` rounds).
@@ -126,13 +137,12 @@ class EnvWorker(Worker):
             obs_ch.put(self.rank, msg, block=False)
             return act_ch.get(self.rank, as_torch=False)
 
-        return self._rollout(
-            num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush, chunk=chunk
-        )
+        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush,
+                             chunk=chunk, random_actions=random_actions)  # fmt: skip
 
     def rollout_direct(self, policy: Any, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
-                       transitions: bool = False, chunk: int = 1,
-                       links: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+                       transitions: bool = False, chunk: int = 1, links: dict[str, Any] | None = None,
+                       random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking the rollout worker ``policy`` (an actor handle) directly.
 
         One actor call per step (per ``chunk`` steps with action chunks) instead of four channel
@@ -151,15 +161,43 @@ class EnvWorker(Worker):
             return report["result"]
 
         if not links:
-            return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, chunk=chunk)
+            return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, chunk=chunk,
+                                 random_actions=random_actions)  # fmt: skip
         if self.direct_link is None:  # one per worker, so latency draws and bandwidth queues carry on
             from .links import DirectLink
 
             self.direct_link = DirectLink(links, self.rank)
         link = self.direct_link
         out = self._rollout(num_steps, lambda msg: link.call(ask, msg), traj_ch, frames_ch, transitions,
-                            chunk=chunk)  # fmt: skip
+                            chunk=chunk, random_actions=random_actions)  # fmt: skip
         return {**out, "link_delays": link.take_delays()}
+
+    def _colocated_policy(self) -> PolicyServer:
+        if self.policy is None:
+            raise RuntimeError(
+                f"env worker {self.rank} has no colocated policy (env_to_rollout is not colocated)"
+            )
+        return self.policy
+
+    @ray.method(concurrency_group="weights")
+    def offer_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
+        """Colocated policy: new weights, loaded before its next decision (also while a rollout runs)."""
+        return self._colocated_policy().offer_weights(weights, version)
+
+    def rollout_colocated(self, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
+                          transitions: bool = False, chunk: int = 1,
+                          weights: tuple[list[ray.ObjectRef], int] | None = None,
+                          random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Run ``num_steps`` steps with this worker's own copy of the policy: no call per step.
+
+        ``weights`` (``([ref], version)`` of the controller's last sync) are loaded first when this
+        worker's policy is older, e.g. after Ray restarted the worker and the sync's offer missed it.
+        """
+        server = self._colocated_policy()
+        if weights is not None and server.newest_version < weights[1]:
+            server.offer_weights(ray.get(weights[0][0]), weights[1])
+        return self._rollout(num_steps, lambda msg: server.answer([msg])[0], traj_ch, frames_ch, transitions,
+                             chunk=chunk, random_actions=random_actions)  # fmt: skip
 
     def _check_chunkable(self, transitions: bool) -> None:
         """Action chunks (``policy.chunk > 1``) run only on-policy and without a human in the loop."""
@@ -177,11 +215,15 @@ class EnvWorker(Worker):
             )
 
     def _rollout(self, num_steps: int, ask: Any, traj_ch: Channel, frames_ch: Channel | None,
-                 transitions: bool, before_publish: Any = None, chunk: int = 1) -> dict[str, Any]:  # fmt: skip
+                 transitions: bool, before_publish: Any = None, chunk: int = 1,
+                 random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
         """Step ``num_steps`` times with actions from ``ask(msg) -> reply``; publish the trajectory.
 
         ``transitions=True`` (off-policy) also keeps ``next_obs`` (the true last observation where an
         episode ended) and ``terminated``, and skips the final values-only round.
+
+        ``random_actions``: every request asks for uniform random actions (off-policy warm-up,
+        ``algo.random_steps``); the policy still gives the values.
 
         ``chunk = k > 1`` (action chunks): ``ask`` is called once per ``k`` env steps (a decision) and
         the reply's ``[N, k, ...]`` actions are applied one per step, open loop. The published batch
@@ -218,7 +260,7 @@ class EnvWorker(Worker):
             d, j = divmod(t, K)  # decision d, step j of its chunk (d == t, j == 0 without chunks)
             if j == 0:
                 reply = ask({"obs": self.obs_codec.encode(self.obs), "sender": self.rank, "final_obs": final_obs,
-                             "final_mask": final_mask, "value_only": t == T})  # fmt: skip
+                             "final_mask": final_mask, "value_only": t == T, "random": random_actions})  # fmt: skip
                 if reply.get(ABORT):
                     return {"aborted": True}
                 if t > 0 and final_mask is not None:
@@ -355,32 +397,39 @@ class _HumanTally:
                           "clean_successes": self.clean_successes, "arm_steps": self.arm_steps}}  # fmt: skip
 
 
+def resolve_spaces(spaces: tuple[Any, Any] | list[ray.ObjectRef]) -> tuple[Any, Any]:
+    """``(obs_space, action_space)``, given as such or as ``[ref]`` to env worker 0's ``spaces()``.
+
+    Passed inside a list, the ref is not a dependency Ray waits for before starting the worker: the
+    rollout and learner workers start (and import torch) while the env worker is still building its envs.
+    """
+    if isinstance(spaces, list):
+        return ray.get(spaces[0])
+    return spaces
+
+
 class RolloutWorker(Worker):
     """Policy inference for a set of env workers, with versioned weights."""
 
     def __init__(self, rank: int, world_size: int, group: str, policy_cfg: dict[str, Any],
-                 obs_space: Any, action_space: Any, seed: int):  # fmt: skip
+                 spaces: tuple[Any, Any] | list[ray.ObjectRef], seed: int):  # fmt: skip
         super().__init__(rank, world_size, group)
-        import torch
-
-        from rlinf_nb.policies import make_policy
-        from rlinf_nb.run_config import policy_kwargs
-
         _set_torch_threads()
-        torch.manual_seed(seed + 7919 * (rank + 1))
-        self.policy = make_policy(policy_cfg["name"], obs_space, action_space, **policy_kwargs(policy_cfg))
-        self.policy.eval()
-        self.version = -1
-        from .compression import ObsDecoder
+        import torch  # noqa: F401 - first, so the import overlaps the env worker's start
 
-        self.obs_decoder = ObsDecoder()  # compressed observations (compression.obs), per env worker stream
+        obs_space, action_space = resolve_spaces(spaces)
+        self.server = PolicyServer(policy_cfg, obs_space, action_space, seed + 7919 * (rank + 1))
+
+    @property
+    def policy(self) -> Any:
+        return self.server.policy
+
+    @property
+    def version(self) -> int:
+        return self.server.version
 
     def set_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
-        import torch
-
-        self.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
-        self.version = version
-        return version
+        return self.server.set_weights(weights, version)
 
     def serve(self, num_steps: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel,
               value_round: bool = True) -> dict[str, Any]:  # fmt: skip
@@ -389,54 +438,21 @@ class RolloutWorker(Worker):
             msgs = obs_ch.get_batch(env_ranks, as_torch=False)
             if any(m.get(ABORT) for m in msgs):
                 return {"aborted": True}
-            for rank, reply in zip(env_ranks, self._answer(msgs), strict=True):
+            for rank, reply in zip(env_ranks, self.server.answer(msgs), strict=True):
                 act_ch.put(rank, reply, block=False)
         act_ch.flush()
         return {"version": self.version}
 
     def infer(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Answer one env worker's observation message (the direct rollout path)."""
-        return self._answer([msg])[0]
-
-    def _answer(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Actions, log-probs, values (and bootstrap values of time-limited episodes) for each message."""
-        import torch
-
-        # obs: an array or a dict of arrays per message, [n_i, ...] per leaf; dtypes kept (uint8 images)
-        msgs = [{**m, "obs": self.obs_decoder.decode(m["obs"], m.get("sender"))} for m in msgs]
-        sizes = [tree.batch_size(m["obs"]) for m in msgs]
-        obs = tree.map(torch.as_tensor, tree.concatenate([m["obs"] for m in msgs]))
-        with torch.no_grad():
-            if msgs[0]["value_only"]:
-                actions = logprobs = None
-                values = self.policy.value(obs)
-            else:
-                actions, logprobs, values = self.policy.act(obs)
-            boot = [None] * len(msgs)
-            for i, m in enumerate(msgs):
-                if m["final_obs"] is not None:
-                    boot[i] = self.policy.value(tree.map(torch.as_tensor, m["final_obs"])).numpy()
-        offsets = np.cumsum([0, *sizes])
-        replies = []
-        for i in range(len(msgs)):
-            sl = slice(offsets[i], offsets[i + 1])
-            reply = {
-                "values": values[sl].numpy(),
-                "bootstrap_values": boot[i],
-                "version": np.full(sizes[i], self.version),
-            }
-            if actions is not None:
-                reply["actions"] = actions[sl].numpy()
-                reply["logprobs"] = logprobs[sl].numpy()
-            replies.append(reply)
-        return replies
+        return self.server.answer([msg])[0]
 
 
 class LearnerWorker(Worker):
     """The algorithm's learner: owns the trainable policy and its optimizer."""
 
     def __init__(self, rank: int, world_size: int, group: str, algorithm: Any, algo_cfg: Any,
-                 policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, seed: int):  # fmt: skip
+                 policy_cfg: dict[str, Any], spaces: tuple[Any, Any] | list[ray.ObjectRef], seed: int):  # fmt: skip
         super().__init__(rank, world_size, group)
         import torch
 
@@ -445,6 +461,7 @@ class LearnerWorker(Worker):
         from rlinf_nb.run_config import policy_kwargs
 
         _set_torch_threads()
+        obs_space, action_space = resolve_spaces(spaces)  # after the imports: they overlap the env's start
         torch.manual_seed(seed)
         # The controller passes the Algorithm itself (one defined in a notebook is not registered here).
         self.algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)

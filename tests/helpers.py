@@ -31,3 +31,20 @@ def run_py(code: str, home: Path | None = None, timeout: float = 180, env: dict 
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO
     )
+
+
+def assert_learners_continue_identically(learner, other, cfg, seed: int) -> None:
+    """Two off-policy learners (one restored from the other's checkpoint) train 3 more steps alike:
+    same metrics, same critic weights, same policy weights."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    m1 = learner.train(3, cfg)
+    torch.manual_seed(seed)
+    m2 = other.train(3, cfg)
+    assert m1 == m2
+    for a, b in zip(learner.critic.state_dict().values(), other.critic.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    for k, v in learner.policy_state().items():
+        np.testing.assert_array_equal(v, other.policy_state()[k])

@@ -1,8 +1,8 @@
 """Dict observations (camera images + state) through the tree utility, the runtime and the learners.
 
 In-process tests drive the real worker classes without Ray (a cheap mock-robot env with one
-64x64 camera); the cluster tests run PPO on ManiSkill PushCube in ``rgb`` mode and check that a
-SAC-family run on dict observations fails with a clear message.
+64x64 camera); the cluster test runs PPO on ManiSkill PushCube in ``rgb`` mode. SAC, CrossQ and
+RLPD on dict observations: ``tests/test_offpolicy_images.py``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def workers():
     env = EnvWorker(0, 1, "env", ROBOT_DICT_ENV, seed=0)
     obs_space, action_space = env.spaces()
     assert isinstance(obs_space, gym.spaces.Dict)
-    rollout = RolloutWorker(0, 1, "rollout", {"name": "cnn", "kwargs": SMALL_CNN}, obs_space, action_space, 0)
+    rollout = RolloutWorker(
+        0, 1, "rollout", {"name": "cnn", "kwargs": SMALL_CNN}, (obs_space, action_space), 0
+    )
     yield env, rollout
     env.env.close()
 
@@ -173,7 +175,7 @@ def test_rollout_worker_answers_several_dict_messages_at_once(workers):
     _, rollout = workers
     msgs = [{"obs": tree.map(np.copy, _robot_obs(rollout, n)), "final_obs": None, "final_mask": None,
              "value_only": False} for n in (1, 3)]  # fmt: skip
-    replies = rollout._answer(msgs)
+    replies = rollout.server.answer(msgs)
     assert [r["actions"].shape for r in replies] == [(1, 3), (3, 3)]
     assert [r["values"].shape for r in replies] == [(1,), (3,)]
 
@@ -226,14 +228,26 @@ def test_grpo_learner_updates_on_dict_obs(workers):
     assert out["valid_steps"] == 16 and np.isfinite(out["policy_loss"])
 
 
-def test_sac_family_refuses_dict_obs_with_a_clear_error(workers):
-    from rlinf_nb.algorithms.sac import CrossQConfig, CrossQLearner, SACConfig, SACLearner
+def test_sac_learner_trains_on_the_env_workers_dict_transitions(workers):
+    from rlinf_nb.algorithms.sac import SACConfig, SACLearner
+    from rlinf_nb.policies import make_policy
 
-    _, rollout = workers
-    with pytest.raises(ValueError, match=r"SACLearner: dict observations .* not supported by the SAC family"):
-        SACLearner(rollout.policy, SACConfig())
-    with pytest.raises(ValueError, match="use ppo or grpo with the 'cnn' policy"):
-        CrossQLearner(rollout.policy, CrossQConfig())
+    env, rollout = workers
+    sink = _Sink()
+    env.reset()
+    env._rollout(8, rollout.infer, sink, None, True)
+    b = sink.item["batch"]
+    policy = make_policy("cnn", rollout.policy.obs_space, rollout.policy.action_space,
+                         **{**SMALL_CNN, "action_head": "squashed_gaussian"})  # fmt: skip
+    cfg = SACConfig(batch_size=8, learning_starts=16, critic_hidden_sizes=(16,))
+    learner = SACLearner(policy, cfg)
+    out = learner.update({k: b[k] for k in ("obs", "actions", "rewards", "next_obs", "terminated")}, cfg)
+    assert out["updates"] == 16 and np.isfinite(out["critic_loss"]) and np.isfinite(out["actor_loss"])
+    stored = learner.replay.data["next_obs/cams%2Ffront"]
+    assert stored.dtype == np.uint8 and stored.shape[1:] == (64, 64, 3)
+    np.testing.assert_array_equal(
+        learner.replay.ordered()["obs/cams%2Ffront"], b["obs"]["cams/front"].reshape(16, 64, 64, 3)
+    )
 
 
 # ----------------------------------------------------------------------------- on the cluster
@@ -278,19 +292,3 @@ def test_ppo_on_maniskill_rgb_runs_on_the_cluster_with_dict_obs_in_the_batch():
     trunc = b["truncated"]
     assert trunc.any() and np.all(b["bootstrap_values"][~trunc] == 0)
     assert np.all(b["bootstrap_values"][trunc] != 0)
-
-
-@pytest.mark.usefixtures("attached")
-def test_sac_run_on_dict_obs_fails_at_start_naming_the_limitation():
-    import rlinf_nb as rl
-
-    cfg = {
-        "algorithm": "sac",
-        "env": ROBOT_DICT_ENV,
-        "policy": {"name": "cnn", "kwargs": {**SMALL_CNN, "action_head": "squashed_gaussian"}},
-        "algo": {"collect_steps": 8, "learning_starts": 16, "batch_size": 8},
-        "budget": {"total_env_steps": 64, "stop_metric": None, "stop_value": None},
-        "linger_s": 10,
-    }
-    with pytest.raises(RuntimeError, match="dict observations .* not supported by the SAC family"):
-        rl.launch(cfg, name=_unique("sac_dict"))

@@ -26,6 +26,7 @@ from rlinf_nb.algorithms.sac import (
 )
 from rlinf_nb.config import ConfigError, build, live_fields
 from rlinf_nb.policies import make_policy
+from tests.helpers import assert_learners_continue_identically
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT_SPACE = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
@@ -344,15 +345,7 @@ def test_learner_state_dict_round_trip(cls, cfg_fn):
     other, _ = _learner(cls, cfg_fn, seed=1)
     other.load_state_dict(state)
     assert len(other.replay) == len(learner.replay) and other.num_updates == learner.num_updates
-    torch.manual_seed(123)
-    m1 = learner.train(3, cfg)
-    torch.manual_seed(123)
-    m2 = other.train(3, cfg)
-    assert m1 == m2
-    for a, b in zip(learner.critic.state_dict().values(), other.critic.state_dict().values(), strict=True):
-        assert torch.equal(a, b)
-    for k, v in learner.policy_state().items():
-        np.testing.assert_array_equal(v, other.policy_state()[k])
+    assert_learners_continue_identically(learner, other, cfg, seed=123)
 
 
 def test_learner_update_runs_utd_steps_per_transition_after_learning_starts():

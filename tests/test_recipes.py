@@ -201,3 +201,45 @@ def test_reinforcepp_cartpole_learns():
 @pytest.mark.usefixtures("attached")
 def test_ppo_pushcube_learns():
     _learn("ppo_pushcube", "success_rate", 0.8, timeout=3000)
+
+
+# env steps: RLPD's measured curve (NOTES.md, session 6) passes success 0.3 at ~3k and holds 0.35-0.65
+# over 3.5k-6k; compared on the mean success of the last quarter of the budget, not one noisy row
+RLPD_VS_SAC_BUDGET = 5000
+
+
+def _sac_twin_of(cfg: RunConfig) -> dict:
+    """The rlpd_pushcube run as plain SAC: same env, policy, seeds, budget and shared SAC fields; no demos."""
+    from rlinf_nb.algorithms.sac import SACConfig
+    from rlinf_nb.config import to_dict
+
+    d = to_dict(cfg)
+    shared = {f for f in SACConfig.__dataclass_fields__ if f in d["algo"] and f != "num_critics"}
+    d["algo"] = {k: v for k, v in d["algo"].items() if k in shared}
+    d["algorithm"] = "sac"
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.usefixtures("attached")
+def test_rlpd_with_10_demos_beats_sac_without_demos_on_the_same_budget():
+    """Issue 5: RLPD with 10 scripted demo episodes vs SAC without demos, same budget and seed."""
+    import rlinf_nb as rl
+
+    overrides = {"algo__demos": "scripted:10", "budget__total_env_steps": RLPD_VS_SAC_BUDGET,
+                 "budget__stop_metric": None, "budget__stop_value": None}  # fmt: skip
+    rlpd_cfg = resolve_config("rlpd_pushcube", **overrides)
+    results = {}
+    for name, cfg in (("rlpd", rlpd_cfg), ("sac", _sac_twin_of(rlpd_cfg))):
+        t0 = time.time()
+        run = rl.launch(cfg, name=f"rlpd_vs_sac_{name}_{uuid.uuid4().hex[:6]}", linger_s=60)
+        st = run.wait(timeout=1700, progress=False)
+        assert st["state"] == "finished", st["error"]
+        df = run.metrics()
+        late = df[df["env_steps"] > 0.75 * RLPD_VS_SAC_BUDGET]["success_rate"].fillna(0.0)
+        results[name] = float(late.mean())
+        print(f"\n{name}: success_rate {results[name]:.2f} over the last quarter, "
+              f"{int(df['env_steps'].iloc[-1])} env steps, {time.time() - t0:.0f} s wall")  # fmt: skip
+    # measured (seed 0, session 6): rlpd 0.46, sac 0.27 (PushCube is easy; SAC's layer-norm critics learn it too)
+    assert results["rlpd"] >= 0.3 and results["rlpd"] > results["sac"] + 0.1, results

@@ -16,6 +16,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlinf_nb import tree
+
 from .registry import get_algorithm
 from .sac import OffPolicyConfig, sac_policy_kwargs
 
@@ -50,7 +52,7 @@ class OffPolicyResult:
 
 def train_offpolicy(
     algorithm: str,
-    env_id: str = "Pendulum-v1",
+    env_id: str | gym.Env = "Pendulum-v1",
     total_steps: int = 20_000,
     cfg: OffPolicyConfig | None = None,
     seed: int = 0,
@@ -59,6 +61,8 @@ def train_offpolicy(
     policy_hidden_sizes: tuple[int, ...] = (256, 256),
     demos: Mapping[str, np.ndarray] | None = None,
     on_episode: Callable[[int, float], None] | None = None,
+    policy: str = "mlp",
+    policy_kwargs: Mapping[str, Any] | None = None,
 ) -> OffPolicyResult:
     """Train ``algorithm`` (``"sac"``, ``"crossq"`` or ``"rlpd"``) on one env.
 
@@ -68,18 +72,22 @@ def train_offpolicy(
     separately). Stops after ``total_steps`` env steps, or as soon as the mean return of
     the last ``window`` episodes reaches ``target_return``. ``demos`` (transition arrays)
     go to the demo buffer of an RLPD learner.
+
+    ``env_id`` may be an env instance (closed at the end). The actor is ``make_policy(policy,
+    ...)`` with ``policy_kwargs`` (default: :func:`sac_policy_kwargs` of ``policy_hidden_sizes``
+    for ``"mlp"``); dict observations (``policy="cnn"``) work as flat ones.
     """
     from rlinf_nb.policies import make_policy
 
     algo = get_algorithm(algorithm)
     cfg = cfg if cfg is not None else algo.config_cls()
     torch.manual_seed(seed)
-    env = gym.make(env_id)
+    env = gym.make(env_id) if isinstance(env_id, str) else env_id
     env.action_space.seed(seed)
-    policy = make_policy(
-        "mlp", env.observation_space, env.action_space, **sac_policy_kwargs(policy_hidden_sizes)
-    )
-    learner = algo.make_learner(policy, cfg, seed=seed)
+    if policy_kwargs is None:
+        policy_kwargs = sac_policy_kwargs(policy_hidden_sizes) if policy == "mlp" else {}
+    actor = make_policy(policy, env.observation_space, env.action_space, **policy_kwargs)
+    learner = algo.make_learner(actor, cfg, seed=seed)
     if demos is not None:
         learner.add_demos(demos)
     obs, _ = env.reset(seed=seed)
@@ -93,11 +101,11 @@ def train_offpolicy(
             action = env.action_space.sample()
         else:
             with torch.no_grad():
-                action = policy.sample(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0))[0][0].numpy()
+                action = actor.sample(tree.map(_as_batch, obs))[0][0].numpy()
         next_obs, reward, terminated, truncated, _ = env.step(action)
         out = learner.update(
-            {"obs": obs[None], "actions": np.asarray(action)[None], "rewards": np.array([reward]),
-             "next_obs": next_obs[None], "terminated": np.array([terminated])},
+            {"obs": tree.map(_lead, obs), "actions": np.asarray(action)[None], "rewards": np.array([reward]),
+             "next_obs": tree.map(_lead, next_obs), "terminated": np.array([terminated])},
             cfg,
         )  # fmt: skip
         if out.get("updates", 0) > 0:
@@ -116,3 +124,13 @@ def train_offpolicy(
                 break
     env.close()
     return OffPolicyResult(step, time.perf_counter() - start, returns, reached_at, metrics, learner)
+
+
+def _lead(x: Any) -> np.ndarray:
+    return np.asarray(x)[None]
+
+
+def _as_batch(x: Any) -> torch.Tensor:
+    """One observation leaf as a batch of one: ``uint8`` images stay ``uint8``, the rest float32."""
+    a = np.asarray(x)[None]
+    return torch.as_tensor(a) if a.dtype == np.uint8 else torch.as_tensor(a, dtype=torch.float32)

@@ -13,17 +13,25 @@ Normalisation per hidden layer (``norm``):
   batch passed in, so CrossQ feeds ``(s, a)`` and ``(s', a')`` through together.
 
 Shapes: ``obs[B, O]`` (flattened), ``action[B, A]`` -> ``q[E, B]``.
+
+Dict observations (camera images + state): :class:`EncodedEnsembleQ` puts an
+:class:`ObsEncoder` (one conv encoder per image key, the state keys flattened) in front of
+an :class:`EnsembleQ`. The encoder belongs to the critic and the critic loss trains it; all
+``E`` members read the same features (DrQ / RLPD / SERL). Its target copy is Polyak-averaged
+with the rest of the critic.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["NORMS", "EnsembleLinear", "EnsembleQ", "polyak_update"]
+__all__ = ["NORMS", "EncodedEnsembleQ", "EnsembleLinear", "EnsembleQ", "ObsEncoder", "copy_params",
+           "polyak_update"]  # fmt: skip
 
 NORMS = ("none", "layer", "batch")
 
@@ -120,6 +128,75 @@ class EnsembleQ(nn.Module):
         x = torch.cat([obs.reshape(B, -1), action.reshape(B, -1)], dim=-1).to(self.net[-1].weight.dtype)
         x = x.unsqueeze(0).expand(self.num_critics, B, x.shape[-1])
         return self.net(x).squeeze(-1)
+
+
+class ObsEncoder(nn.Module):
+    """A dict observation -> one feature vector: ``cat(enc_k(obs[k]) for image keys, flat state keys)``.
+
+    Args:
+        encoders: one module per image key, ``image[B, ...] -> features[B, F_k]`` with an
+            ``out_dim`` attribute (e.g. the ``cnn`` policy's ``ImageEncoder``: uint8 is scaled
+            to ``[0, 1]`` inside it).
+        state_keys: keys flattened and appended as they are.
+        state_dim: their total flat size.
+
+    Shapes: ``obs = {key: [B, ...]}`` (or one image ``[B, ...]``) -> ``[B, sum F_k + state_dim]``.
+    """
+
+    def __init__(self, encoders: Mapping[str, nn.Module], state_keys: Iterable[str], state_dim: int):
+        super().__init__()
+        self.image_keys = list(encoders)
+        self.state_keys = list(state_keys)
+        # ModuleDict names may not hold "." (camera paths may): index by position instead.
+        self.images = nn.ModuleList(encoders.values())
+        self.out_dim = sum(int(e.out_dim) for e in self.images) + int(state_dim)
+
+    def forward(self, obs: Mapping[str, Tensor] | Tensor) -> Tensor:
+        if not isinstance(obs, Mapping):  # a single image observation (a 3-D Box space)
+            obs = {self.image_keys[0]: obs}
+        parts = [enc(obs[k]) for k, enc in zip(self.image_keys, self.images, strict=True)]
+        dtype = parts[0].dtype
+        parts += [obs[k].reshape(obs[k].shape[0], -1).to(dtype) for k in self.state_keys]
+        return torch.cat(parts, dim=-1)
+
+
+class EncodedEnsembleQ(nn.Module):
+    """``Q_e(encoder(s), a)``: an :class:`ObsEncoder` shared by the members, then an :class:`EnsembleQ`.
+
+    Args:
+        encoder: the critic's own encoder (trained by the critic loss).
+        action_dim, hidden_sizes, num_critics, norm, bn_momentum: as for :class:`EnsembleQ`,
+            whose input is the encoder's ``out_dim`` features.
+
+    Shapes: ``obs = {key: [B, ...]}``, ``action[B, A]`` -> ``q[E, B]``.
+    """
+
+    def __init__(
+        self,
+        encoder: ObsEncoder,
+        action_dim: int,
+        hidden_sizes: Iterable[int] = (256, 256),
+        num_critics: int = 2,
+        norm: str = "none",
+        bn_momentum: float = 0.01,
+    ):
+        super().__init__()
+        self.encoder = encoder
+        self.q = EnsembleQ(encoder.out_dim, action_dim, hidden_sizes, num_critics, norm, bn_momentum)
+        self.num_critics, self.norm = self.q.num_critics, norm
+
+    def forward(self, obs: Mapping[str, Tensor], action: Tensor) -> Tensor:
+        """``obs = {key: [B, ...]}``, ``action[B, A]`` -> ``q[E, B]``."""
+        return self.q(self.encoder(obs), action)
+
+
+@torch.no_grad()
+def copy_params(dst: nn.Module, src: Any) -> None:
+    """``dst``'s parameters and buffers <- ``src``'s (same architecture), in place."""
+    for t, s in zip(dst.parameters(), src.parameters(), strict=True):
+        t.copy_(s)
+    for t, s in zip(dst.buffers(), src.buffers(), strict=True):
+        t.copy_(s)
 
 
 @torch.no_grad()

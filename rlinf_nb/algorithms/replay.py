@@ -4,8 +4,16 @@ A transition is a mapping of fields with one leading batch dim ``[n, ...]``, for
 ``{"obs": [n, O], "actions": [n, A], "rewards": [n], "next_obs": [n, O], "terminated": [n]}``.
 A field may itself be a mapping (dict observations: ``{"obs": {"rgb": [n, H, W, 3],
 "state": [n, S]}}``); nested fields are stored flat under ``"obs/rgb"`` and come back
-nested. Storage is allocated on the first :meth:`ReplayBuffer.extend`, with the shapes and
-dtypes of that data (images stay ``uint8``).
+nested. Keys may hold ``/`` themselves (robot camera paths such as ``cams/front``): in the
+flat name it is escaped as ``%2F`` (``"obs/cams%2Ffront"``, ``%`` as ``%25``). Storage is
+allocated on the first :meth:`ReplayBuffer.extend`, with the shapes and dtypes of that data
+(images stay ``uint8``).
+
+Memory: every field is stored once per transition, ``obs`` and ``next_obs`` both, so a
+transition with one ``H x W x 3`` uint8 camera and an ``S``-float state costs about
+``2 * (3 H W + 4 S) + 4 A + 8`` bytes: ~24.7 KB at 64 x 64 (2.5 GB per 100k transitions),
+~1.6 KB at 16 x 16. The arrays are allocated with ``np.empty``, so the operating system
+commits pages only as the buffer fills.
 """
 
 from __future__ import annotations
@@ -20,13 +28,19 @@ __all__ = ["MixedReplay", "ReplayBuffer", "flatten_fields", "unflatten_fields"]
 _SEP = "/"
 
 
+def _escape(key: Any) -> str:
+    return str(key).replace("%", "%25").replace(_SEP, "%2F")
+
+
+def _unescape(part: str) -> str:
+    return part.replace("%2F", _SEP).replace("%25", "%")
+
+
 def flatten_fields(tree: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    """``{"obs": {"rgb": x}}`` -> ``{"obs/rgb": x}`` (values as numpy arrays)."""
+    """``{"obs": {"rgb": x, "cams/front": y}}`` -> ``{"obs/rgb": x, "obs/cams%2Ffront": y}`` (numpy values)."""
     out: dict[str, np.ndarray] = {}
     for key, value in tree.items():
-        if _SEP in str(key):
-            raise ValueError(f"replay field names may not contain {_SEP!r}: got {key!r}")
-        name = f"{prefix}{_SEP}{key}" if prefix else str(key)
+        name = f"{prefix}{_SEP}{_escape(key)}" if prefix else _escape(key)
         if isinstance(value, Mapping):
             out.update(flatten_fields(value, name))
         else:
@@ -38,7 +52,7 @@ def unflatten_fields(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Inverse of :func:`flatten_fields`."""
     out: dict[str, Any] = {}
     for name, value in flat.items():
-        *parents, leaf = name.split(_SEP)
+        *parents, leaf = (_unescape(p) for p in name.split(_SEP))
         cur = out
         for p in parents:
             cur = cur.setdefault(p, {})

@@ -23,6 +23,20 @@ Variants:
   target's min over a random subset of ``critic_subset`` of them, the actor on their mean,
   a high update-to-data ratio and batches drawn ``demo_fraction`` from a demo buffer.
 
+Camera images + state (dict observations, the ``cnn`` policy with ``action_head:
+squashed_gaussian``, which the run config fills in when unset): the critic gets its own
+copy of the policy's image encoders in front of the ensemble
+(:class:`~.offpolicy_nets.EncodedEnsembleQ`), trained by the critic loss. With
+``actor_encoder: critic`` (default, as DrQ, RLPD and SERL do) the actor reads the critic's
+encoder through a copy inside the policy, refreshed after every critic step and never
+trained by the actor loss: the TD error shapes the features, the actor's gradient through
+``Q`` does not (it is noisier and was found to hurt in DrQ / SAC-AE). The copy keeps the
+policy self-contained, so the rollout workers still get one state dict. ``actor_encoder:
+own`` trains the policy's encoder with the actor loss instead (the critic keeps a separate
+one). The replay keeps images ``uint8`` (``obs`` and ``next_obs``: see
+:mod:`.replay` for the memory per transition) and batches stay ``uint8`` tensors up to the
+encoders.
+
 Stages, run each iteration by the controller (the fully async runtime overlaps them):
 
 ``collect``
@@ -50,10 +64,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlinf_nb import tree
 from rlinf_nb.config import ConfigError, param
 
 from . import offpolicy_functional as OF
-from .offpolicy_nets import EnsembleQ, polyak_update
+from .offpolicy_nets import EncodedEnsembleQ, EnsembleQ, ObsEncoder, copy_params, polyak_update
 from .registry import Algorithm, Stage, register_algorithm
 from .replay import MixedReplay, ReplayBuffer
 from .stages import sync_weights_stage
@@ -113,12 +128,26 @@ class OffPolicyConfig:
     sync_every: int = param(
         1, doc="learner updates between weight syncs to the rollout workers", live=True, range=(1, 1_000_000)
     )
+    actor_encoder: str = param(
+        "critic",
+        doc="image observations only: the actor's image encoder. 'critic' = a copy of the critic's encoder "
+        "(same architecture as the policy's, trained by the critic loss), refreshed after every critic step "
+        "and not trained by the actor loss (DrQ, RLPD, SERL); 'own' = the policy's own encoder, trained by "
+        "the actor loss (the critic trains a separate one)",
+        choices=("critic", "own"),
+    )
 
     def validate(self) -> None:
         if any(s < 1 for s in self.critic_hidden_sizes):
             raise ConfigError(
                 "critic_hidden_sizes", self.critic_hidden_sizes, "every layer width must be >= 1"
             )
+
+    def validate_run(self, run: Any) -> None:
+        """An ``mlp`` or ``cnn`` policy without ``action_head`` gets ``squashed_gaussian``: the actor
+        samples bounded, reparameterised actions (not the on-policy default, an unbounded Gaussian)."""
+        if run.policy.name in ("mlp", "cnn") and "action_head" not in run.policy.kwargs:
+            run.policy.kwargs = {**run.policy.kwargs, "action_head": "squashed_gaussian"}
 
 
 @dataclass
@@ -229,12 +258,14 @@ def as_transitions(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
         raise ValueError("transitions: need 'terminated' (or 'dones' and 'truncated')")
     src = {**{k: batch[k] for k in ("obs", "actions", "next_obs")}, "rewards": rewards, "terminated": term}
     for key, value in src.items():
-        arr = np.asarray(value)
-        if arr.shape[:lead] != rewards.shape:
-            raise ValueError(
-                f"transitions: {key} has shape {arr.shape}, expected leading dims {rewards.shape}"
-            )
-        out[key] = arr.reshape(-1, *arr.shape[lead:]) if lead == 2 else arr
+        for path, leaf in tree.items(value, key):  # dict observations: every leaf
+            shape = np.shape(leaf)
+            if shape[:lead] != rewards.shape:
+                raise ValueError(
+                    f"transitions: {path} has shape {shape}, expected leading dims {rewards.shape}"
+                )
+        arrays = tree.map(np.asarray, value)
+        out[key] = tree.flatten_lead(arrays, 2) if lead == 2 else arrays
     out["rewards"] = out["rewards"].astype(np.float32)
     out["terminated"] = out["terminated"].astype(np.float32)
     out["actions"] = out["actions"].astype(np.float32)
@@ -248,6 +279,8 @@ class SACLearner:
         policy: the actor: ``sample(obs) -> (action[B, A], log_prob[B])`` with gradients;
             ``actor_parameters()`` if only part of it is the actor (``ActorCritic``);
             ``obs_dim`` and ``action_space`` unless ``obs_dim``/``action_dim`` are given.
+            For image observations, a policy with image encoders (the ``cnn`` policy:
+            ``actor_encoders``, ``image_keys``, ``state_keys``): the critic copies them.
         cfg: the algorithm config.
         seed: seeds replay sampling and the critic subsets.
 
@@ -270,15 +303,19 @@ class SACLearner:
     ):
         self.policy = policy
         space = getattr(policy, "obs_space", None)
-        if obs_dim is None and (isinstance(space, Mapping) or not hasattr(policy, "obs_dim")):
+        # Image observations (the cnn policy): the critic gets image encoders of its own.
+        self.image_obs = obs_dim is None and hasattr(policy, "actor_encoders")
+        flat = obs_dim is not None or (not isinstance(space, Mapping) and hasattr(policy, "obs_dim"))
+        if not flat and not self.image_obs:
             keys = ", ".join(map(str, space)) if isinstance(space, Mapping) else type(policy).__name__
             raise ValueError(
-                f"{type(self).__name__}: dict observations ({keys}) are not supported by the SAC family "
-                "(sac, crossq, rlpd) yet: its critics are MLPs on one flat observation vector. For camera "
-                "images use ppo or grpo with the 'cnn' policy, or a state obs_mode."
+                f"{type(self).__name__}: dict observations ({keys}) need a policy with image encoders "
+                "(actor_encoders, image_keys, state_keys): use policy name 'cnn' with "
+                "action_head 'squashed_gaussian', or a state obs_mode with the 'mlp' policy"
             )
-        self.obs_dim = int(obs_dim if obs_dim is not None else policy.obs_dim)
+        self.obs_dim = 0 if self.image_obs else int(obs_dim if obs_dim is not None else policy.obs_dim)
         self.action_dim = int(action_dim if action_dim is not None else np.prod(policy.action_space.shape))
+        self.actor_encoder = cfg.actor_encoder if self.image_obs else "none"
         self.critic = self._make_critic(cfg)
         self.critic_target = None
         if self.uses_target:
@@ -292,6 +329,11 @@ class SACLearner:
             policy.actor_parameters() if hasattr(policy, "actor_parameters") else policy.parameters()
         )
         self.actor_params = list(actor_params)
+        if self.actor_encoder == "critic":
+            # The policy's encoders are the critic's, copied in; the actor loss never trains them.
+            frozen = {id(p) for p in policy.actor_encoders.parameters()}
+            self.actor_params = [p for p in self.actor_params if id(p) not in frozen]
+            policy.actor_encoders.requires_grad_(False)
         actor_lr = cfg.actor_lr if cfg.actor_lr is not None else cfg.lr
         self.actor_optimizer = _adam(self.actor_params, actor_lr, cfg.adam_beta1)
         self.critic_optimizer = _adam(self.critic.parameters(), cfg.lr, cfg.adam_beta1)
@@ -305,19 +347,53 @@ class SACLearner:
 
     # ------------------------------------------------------------------ building blocks
 
-    def _make_critic(self, cfg: OffPolicyConfig) -> EnsembleQ:
-        norm = getattr(cfg, "critic_norm", self.critic_norm)
-        return EnsembleQ(self.obs_dim, self.action_dim, cfg.critic_hidden_sizes, cfg.num_critics, norm)
+    def _make_critic(self, cfg: OffPolicyConfig) -> nn.Module:
+        return self._ensemble(cfg, getattr(cfg, "critic_norm", self.critic_norm))
+
+    def _ensemble(self, cfg: OffPolicyConfig, norm: str, bn_momentum: float = 0.01) -> nn.Module:
+        """``EnsembleQ`` on flat observations, or ``EncodedEnsembleQ`` with the critic's own image encoders."""
+        sizes, E = cfg.critic_hidden_sizes, cfg.num_critics
+        if not self.image_obs:
+            return EnsembleQ(self.obs_dim, self.action_dim, sizes, E, norm, bn_momentum)
+        return EncodedEnsembleQ(self._critic_encoder(), self.action_dim, sizes, E, norm, bn_momentum)
+
+    def _critic_encoder(self) -> ObsEncoder:
+        """The policy's image encoders: copied for ``actor_encoder: critic``, freshly built for ``own``."""
+        p = self.policy
+        enc = {k: p.actor_encoders[k.replace(".", "_")] for k in p.image_keys}
+        if self.actor_encoder == "critic":
+            enc = {k: copy.deepcopy(e) for k, e in enc.items()}
+        else:
+            from rlinf_nb.policies.cnn import ImageEncoder
+
+            spaces = {"image": p.obs_space} if getattr(p, "_single_image", False) else p.obs_space
+            enc = {k: ImageEncoder(spaces[k], p.config) for k in enc}
+        return ObsEncoder(enc, p.state_keys, p.state_dim)
+
+    def _sync_actor_encoder(self) -> None:
+        """``actor_encoder: critic``: the policy's encoders <- the critic's (after each critic step)."""
+        if self.actor_encoder != "critic":
+            return
+        enc = self.critic.encoder
+        for key, module in zip(enc.image_keys, enc.images, strict=True):
+            copy_params(self.policy.actor_encoders[key.replace(".", "_")], module)
 
     @property
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp()
 
-    def _tensors(self, sample: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {k: torch.as_tensor(v, dtype=torch.float32) for k, v in sample.items()}
+    def _tensors(self, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """float32 tensors; with image observations ``uint8`` leaves stay ``uint8`` (the encoders scale them)."""
+
+        def leaf(v: Any) -> torch.Tensor:
+            v = np.asarray(v)
+            keep = self.image_obs and v.dtype == np.uint8
+            return torch.as_tensor(v) if keep else torch.as_tensor(v, dtype=torch.float32)
+
+        return {k: tree.map(leaf, v) for k, v in sample.items()}
 
     def sample_batch(self, cfg: OffPolicyConfig) -> dict[str, torch.Tensor]:
-        """A training batch of ``cfg.batch_size`` transitions as float32 tensors."""
+        """A training batch of ``cfg.batch_size`` transitions as float32 tensors (``uint8`` images stay ``uint8``)."""
         return self._tensors(self.replay.sample(cfg.batch_size, self.rng))
 
     def _target_q(
@@ -365,6 +441,7 @@ class SACLearner:
         b = self.sample_batch(cfg)
         c = self.critic_loss(b, cfg)
         self._step(self.critic_optimizer, c.loss, list(self.critic.parameters()), cfg)
+        self._sync_actor_encoder()
         self.num_updates += 1
         out = {
             "critic_loss": float(c.loss.detach()),
@@ -474,6 +551,7 @@ class SACLearner:
         self.replay.load_state_dict(state["replay"])
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["generator"])
+        self._sync_actor_encoder()
         c = state["counters"]
         self.num_updates, self.num_added, self._credit = (
             int(c["num_updates"]),
@@ -488,19 +566,16 @@ class CrossQLearner(SACLearner):
     critic_norm = "batch"
     uses_target = False
 
-    def _make_critic(self, cfg: OffPolicyConfig) -> EnsembleQ:
-        momentum = getattr(cfg, "bn_momentum", 0.01)
-        return EnsembleQ(
-            self.obs_dim, self.action_dim, cfg.critic_hidden_sizes, cfg.num_critics, "batch", momentum
-        )
+    def _make_critic(self, cfg: OffPolicyConfig) -> nn.Module:
+        return self._ensemble(cfg, "batch", getattr(cfg, "bn_momentum", 0.01))
 
     def critic_loss(self, b: Mapping[str, torch.Tensor], cfg: OffPolicyConfig) -> OF.CriticLossTerms:
         """One train-mode critic pass over ``cat(s, s')``, ``cat(a, a')``; the ``s'`` half is the target."""
         with torch.no_grad():
             next_a, next_logp = self.policy.sample(b["next_obs"])
-        B = b["obs"].shape[0]
+        B = tree.batch_size(b["obs"])
         self.critic.train()
-        q_all = self.critic(torch.cat([b["obs"], b["next_obs"]]), torch.cat([b["actions"], next_a]))
+        q_all = self.critic(tree.concatenate([b["obs"], b["next_obs"]]), torch.cat([b["actions"], next_a]))
         q, q_next = q_all[:, :B], q_all[:, B:].detach()
         y = OF.td_target(
             b["rewards"], OF.reduce_ensemble(q_next, "min"), b["terminated"], cfg.gamma,
@@ -539,7 +614,7 @@ class RLPDLearner(SACLearner):
         if "intervened" in batch:
             human = np.asarray(batch["intervened"], bool).reshape(-1)
             if human.any():
-                self.demos.extend({k: v[human] for k, v in as_transitions(batch).items()})
+                self.demos.extend({k: tree.index(v, human) for k, v in as_transitions(batch).items()})
                 self.num_intervention_demos += int(human.sum())
         return n
 

@@ -3,7 +3,8 @@
 Each step a :class:`HumanInTheLoop` decides who drives the robot:
 
 * **the human**, while any source asks to: the robot's teleop device (``TeleopState.intervene``;
-  keyboard, gamepad or leader arm on the robot's node), a notebook/dashboard command
+  keyboard, gamepad or leader arm on the robot's node; a leader arm's joints are tracked in
+  ``joint_delta`` envs, see :func:`teleop_arm_action`), a notebook/dashboard command
   (:meth:`HumanInTheLoop.command`: ``take_over`` then ``action`` messages until ``hand_back``), or
   a :class:`ScriptedHuman` that takes over on a schedule with the task's scripted expert;
 * **a blend** for ``blend_steps`` steps after the human lets go: the applied action is
@@ -39,6 +40,7 @@ from rlinf_nb.robots.registry import build_config
 
 if TYPE_CHECKING:
     from rlinf_nb.envs.robot_env import RobotEnv
+    from rlinf_nb.robots.components import TeleopState
 
 MARKS = ("success", "failure")
 COMMANDS = ("take_over", "hand_back", "action", "mark")
@@ -387,7 +389,8 @@ class HumanInTheLoop:
         if teleop is not None and teleop.intervene:
             path = self.config.teleop_arm or next(iter(self.layout))
             start = self.layout[path].start
-            out[start : start + 3] = teleop.action
+            part = teleop_arm_action(env, teleop, path)
+            out[start : start + part.size] = part
             if env.config.gripper:
                 out[-1] = agent_action[-1] if teleop.gripper is None else 2.0 * teleop.gripper - 1.0
             driven.add(path)
@@ -416,6 +419,28 @@ class HumanInTheLoop:
         return None
 
 
+def teleop_arm_action(env: RobotEnv, state: TeleopState, path: str | None = None) -> np.ndarray:
+    """The arm part (gripper excluded) of the action a teleop asks of the arm at ``path`` (None: the first).
+
+    End-effector devices (keyboard, gamepad): ``state.action`` (x, y, z in [-1, 1]). A leader arm
+    (``state.joints``) in a ``joint_delta`` env: the step toward the leader's joints,
+    ``(leader - follower) / max_joint_step`` clipped to [-1, 1], so the follower tracks the leader at
+    most ``max_joint_step`` per step; in an ``ee_delta`` env a leader asks for no motion (``action``).
+    """
+    if state.joints is None or env.config.action_mode != "joint_delta":
+        return np.asarray(state.action, dtype=np.float64)
+    path = path or next(iter(env.arms))
+    arm = env.arms[path]
+    missing = [j for j in arm.joint_names if j not in state.joints]
+    if missing:
+        raise SpecError(
+            f"teleop joints {sorted(state.joints)} do not cover arm {path!r} joints {list(arm.joint_names)} "
+            f"(missing {missing}): pair a leader arm with a follower of the same joints"
+        )
+    target = np.array([state.joints[j] for j in arm.joint_names], dtype=np.float64)
+    return np.clip((target - arm.joint_positions()) / env.config.max_joint_step, -1.0, 1.0)
+
+
 def as_human_step(decision: Any) -> HumanStep:
     """An intervention's return value as a :class:`HumanStep` (a bare array means "the human drives")."""
     if decision is None:
@@ -438,4 +463,5 @@ __all__ = [
     "compose_action",
     "expert_action",
     "register_expert",
+    "teleop_arm_action",
 ]

@@ -38,7 +38,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlinf_nb.envs import VecEnv, register_env_backend
-from rlinf_nb.envs.human import HumanInTheLoop, HumanStep, as_human_step
+from rlinf_nb.envs.human import HumanInTheLoop, HumanStep, as_human_step, teleop_arm_action
 from rlinf_nb.robots.components import Camera, Gripper, TeleopState
 from rlinf_nb.robots.errors import EStopLatchedError, SpecError
 from rlinf_nb.robots.kinematics import dls_step
@@ -101,7 +101,8 @@ class TeleopIntervention:
         if state is None or not state.intervene:
             return None
         out = np.zeros_like(action)
-        out[:3] = state.action
+        part = teleop_arm_action(env, state)
+        out[: part.size] = part
         if env.config.gripper:
             out[-1] = action[-1] if state.gripper is None else 2.0 * state.gripper - 1.0
         return out

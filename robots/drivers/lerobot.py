@@ -14,6 +14,10 @@ LeRobot is imported on connect only. Calibration is never run here (LeRobot's
 with the ``lerobot-calibrate`` command to run; with one whose values differ from the
 motors', the file is written to the motors (what LeRobot's prompt does on ENTER).
 A missing SDK or port raises :class:`DriverUnavailableError` saying what to install or plug in.
+
+The same driver name serves LeRobot's teleoperators (leader arms, keyboard, gamepad:
+:mod:`~rlinf_nb.robots.drivers.lerobot_teleop`) and cameras (OpenCV:
+:mod:`~rlinf_nb.robots.drivers.lerobot_camera`), which share the helpers here.
 """
 
 from __future__ import annotations
@@ -34,17 +38,17 @@ ARM_JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wris
 
 
 @dataclass(frozen=True)
-class FollowerModel:
-    """Where LeRobot keeps one follower model, and what its bus needs."""
+class LeRobotModel:
+    """Where LeRobot keeps one arm model (a follower robot or a leader teleoperator), and what its bus needs."""
 
-    robot_module: str
-    """Module that defines the robot class (and imports the motor bus class)."""
-    robot_class: str
-    """LeRobot robot class name."""
+    module: str
+    """Module that defines the LeRobot class (and imports the motor bus class)."""
+    class_name: str
+    """LeRobot robot or teleoperator class name."""
     config_class: str
-    """LeRobot config class name (in the package ``robot_module`` lives in)."""
+    """LeRobot config class name (in the package ``module`` lives in)."""
     bus_class: str
-    """Motor bus class name as imported in ``robot_module`` (what tests patch)."""
+    """Motor bus class name as imported in ``module`` (what tests patch)."""
     sdk_module: str
     """Python module of the vendor SDK the bus needs."""
     extra: str
@@ -53,14 +57,73 @@ class FollowerModel:
     """Arm motors (in order), the gripper excluded."""
     gripper: str = "gripper"
     """Gripper motor name."""
+    takes_use_degrees: bool = True
+    """Whether the LeRobot config has ``use_degrees`` (the Koch leader has not: it reads -100..100)."""
 
     @property
     def config_module(self) -> str:
-        return self.robot_module.rsplit(".", 1)[0]
+        return self.module.rsplit(".", 1)[0]
 
 
-FOLLOWERS: dict[str, FollowerModel] = {
-    "so100_follower": FollowerModel(
+def import_lerobot(name: str, missing: dict[str, str] | None = None) -> Any:
+    """``importlib.import_module(name)``; a missing module says how to install it.
+
+    ``missing`` maps a dependency's module name (``cv2``) to the message for it; any other
+    missing module means LeRobot itself is missing (or broken).
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if missing and exc.name in missing:
+            raise DriverUnavailableError(missing[exc.name]) from exc
+        raise DriverUnavailableError(
+            f"lerobot driver: cannot import {name} ({exc}); install LeRobot with `uv pip install lerobot==0.4.4`"
+        ) from exc
+
+
+def build_lerobot(model: LeRobotModel, type_name: str, kwargs: dict[str, Any]) -> Any:
+    """The (unconnected) LeRobot object of ``model``; a missing vendor SDK says which extra to install."""
+    module = import_lerobot(model.module)
+    config_cls = getattr(import_lerobot(model.config_module), model.config_class)
+    try:
+        return getattr(module, model.class_name)(config_cls(**kwargs))
+    except ModuleNotFoundError as exc:
+        if exc.name == model.sdk_module:
+            raise DriverUnavailableError(
+                f"lerobot driver: the {type_name} motor bus needs the {model.extra} SDK (Python module "
+                f"{model.sdk_module!r}, not installed); install it with `uv pip install 'lerobot[{model.extra}]'`"
+            ) from exc
+        raise
+
+
+def connect_calibrated(obj: Any, role: str, type_name: str, port: str, id: str) -> None:
+    """Connect a LeRobot robot (``role="robot"``) or teleoperator (``"teleop"``) without ever prompting.
+
+    No calibration file: CalibrationRequiredError with the ``lerobot-calibrate`` command. A file whose
+    values differ from the motors': written to the motors (LeRobot's answer to ENTER at its prompt).
+    """
+    if not obj.calibration:
+        raise CalibrationRequiredError(
+            f"lerobot driver: no calibration file {obj.calibration_fpath} for {type_name} id {id!r}; "
+            f"calibrate once with `lerobot-calibrate --{role}.type={type_name} --{role}.port={port} "
+            f"--{role}.id={id}` (interactive), then connect again"
+        )
+    try:
+        obj.connect(calibrate=False)
+    except ConnectionError as exc:
+        if not os.path.exists(port):
+            hint = "no such device: plug in the arm's USB cable (and power), or fix the port"
+        else:
+            hint = "the port exists but the motors did not answer: check the power supply and the bus cable"
+        raise DriverUnavailableError(
+            f"lerobot driver: cannot open {type_name} on {port!r}: {hint}; list ports with `lerobot-find-port`"
+        ) from exc
+    if not obj.is_calibrated:
+        obj.bus.write_calibration(obj.calibration)
+
+
+FOLLOWERS: dict[str, LeRobotModel] = {
+    "so100_follower": LeRobotModel(
         "lerobot.robots.so_follower.so_follower",
         "SO100Follower",
         "SO100FollowerConfig",
@@ -68,7 +131,7 @@ FOLLOWERS: dict[str, FollowerModel] = {
         "scservo_sdk",
         "feetech",
     ),
-    "so101_follower": FollowerModel(
+    "so101_follower": LeRobotModel(
         "lerobot.robots.so_follower.so_follower",
         "SO101Follower",
         "SO101FollowerConfig",
@@ -76,7 +139,7 @@ FOLLOWERS: dict[str, FollowerModel] = {
         "scservo_sdk",
         "feetech",
     ),
-    "koch_follower": FollowerModel(
+    "koch_follower": LeRobotModel(
         "lerobot.robots.koch_follower.koch_follower",
         "KochFollower",
         "KochFollowerConfig",
@@ -115,7 +178,7 @@ class LeRobotFollowerConfig:
             )
 
     @property
-    def model(self) -> FollowerModel:
+    def model(self) -> LeRobotModel:
         return FOLLOWERS[self.type]
 
 
@@ -131,20 +194,9 @@ class LeRobotFollower(Device):
         # one serial bus, used by the arm, the gripper and the arm's watchdog thread
         self._lock = threading.RLock()
 
-    def _import(self, name: str) -> Any:
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            raise DriverUnavailableError(
-                f"lerobot driver: cannot import {name} ({exc}); install LeRobot with `uv pip install lerobot==0.4.4`"
-            ) from exc
-
     def make_lerobot_robot(self) -> Any:
         """The LeRobot robot object for this config (not connected)."""
         cfg: LeRobotFollowerConfig = self.config
-        model = cfg.model
-        robot_mod = self._import(model.robot_module)
-        config_cls = getattr(self._import(model.config_module), model.config_class)
         kwargs: dict[str, Any] = {
             "port": cfg.port,
             "id": cfg.id,
@@ -154,41 +206,12 @@ class LeRobotFollower(Device):
         }
         if cfg.calibration_dir is not None:
             kwargs["calibration_dir"] = Path(cfg.calibration_dir).expanduser()
-        try:
-            return getattr(robot_mod, model.robot_class)(config_cls(**kwargs))
-        except ModuleNotFoundError as exc:
-            if exc.name == model.sdk_module:
-                raise DriverUnavailableError(
-                    f"lerobot driver: the {cfg.type} motor bus needs the {model.extra} SDK (Python module "
-                    f"{model.sdk_module!r}, not installed); install it with `uv pip install 'lerobot[{model.extra}]'`"
-                ) from exc
-            raise
+        return build_lerobot(cfg.model, cfg.type, kwargs)
 
     def open(self) -> None:
         cfg: LeRobotFollowerConfig = self.config
         robot = self.make_lerobot_robot()
-        if not robot.calibration:
-            raise CalibrationRequiredError(
-                f"lerobot driver: no calibration file {robot.calibration_fpath} for {cfg.type} id {cfg.id!r}; "
-                f"calibrate once with `lerobot-calibrate --robot.type={cfg.type} --robot.port={cfg.port} "
-                f"--robot.id={cfg.id}` (interactive), then connect again"
-            )
-        try:
-            robot.connect(calibrate=False)
-        except ConnectionError as exc:
-            if not os.path.exists(cfg.port):
-                hint = "no such device: plug in the arm's USB cable (and power), or fix the port"
-            else:
-                hint = (
-                    "the port exists but the motors did not answer: check the power supply and the bus cable"
-                )
-            raise DriverUnavailableError(
-                f"lerobot driver: cannot open {cfg.type} on {cfg.port!r}: {hint}; "
-                "list ports with `lerobot-find-port`"
-            ) from exc
-        if not robot.is_calibrated:
-            # LeRobot's calibrate() would ask "ENTER to use the calibration file"; we take that answer.
-            robot.bus.write_calibration(robot.calibration)
+        connect_calibrated(robot, "robot", cfg.type, cfg.port, cfg.id)
         self.robot = robot
 
     def close(self) -> None:
@@ -212,7 +235,7 @@ class _OnFollower:
     device: LeRobotFollower
 
     @property
-    def model(self) -> FollowerModel:
+    def model(self) -> LeRobotModel:
         return self.device.config.model
 
 
@@ -259,4 +282,14 @@ class LeRobotGripper(_OnFollower, Gripper):
         return np.array([sent[self.model.gripper] / 100.0])
 
 
-__all__ = ["FOLLOWERS", "LeRobotArm", "LeRobotFollower", "LeRobotFollowerConfig", "LeRobotGripper"]
+__all__ = [
+    "FOLLOWERS",
+    "LeRobotArm",
+    "LeRobotFollower",
+    "LeRobotFollowerConfig",
+    "LeRobotGripper",
+    "LeRobotModel",
+    "build_lerobot",
+    "connect_calibrated",
+    "import_lerobot",
+]
