@@ -101,6 +101,17 @@ def _server_procs(proc: subprocess.Popen) -> list[psutil.Process]:
         return []
 
 
+def _listening_addresses(procs: list[psutil.Process]) -> list:
+    """The listening inet addresses of these processes; one that exits meanwhile (a short-lived helper) is skipped."""
+    addrs = []
+    for p in procs:
+        try:
+            addrs += [c.laddr for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    return addrs
+
+
 def _stop(proc: subprocess.Popen, sig: int, timeout: float = 60.0) -> int:
     proc.send_signal(sig)
     try:
@@ -143,9 +154,7 @@ def test_lab_serves_on_loopback_with_token(cluster, session_home: Path, tmp_path
         # Loopback only: every listening socket of the server is on 127.0.0.1, and the machine's
         # other addresses refuse the port.
         server = _server_procs(proc)
-        listening = [
-            c.laddr for p in server for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN
-        ]
+        listening = _listening_addresses(server)
         assert any(addr.port == port for addr in listening), listening
         assert all(addr.ip == "127.0.0.1" for addr in listening), listening
         for ip in _non_loopback_ipv4():
