@@ -92,6 +92,13 @@ class PlacementConfig:
         "workers and no per-step call: fastest for small CPU policies; placement.rollout is then unused)",
         choices=("direct", "channel", "colocated"),
     )
+    learner: str = param(
+        "worker",
+        doc="where the learner runs: 'worker' (its own actor group, placed by placement.actor) or "
+        "'controller' (inside the run controller's process: one learner on CPU, no process of its own to "
+        "start and no Ray call per update; for small runs on one machine. Its CPU is not reserved with Ray)",
+        choices=("worker", "controller"),
+    )
     links: RunLinks = param(
         factory=RunLinks,
         doc="simulated network links (latency + bandwidth) on the obs, actions and trajectories streams "
@@ -99,6 +106,8 @@ class PlacementConfig:
     )
 
     def validate(self) -> None:
+        if self.learner == "controller":
+            self._check_learner_in_controller()
         if self.env_to_rollout != "colocated":
             return
         for stream, link in self.links.active().items():
@@ -109,6 +118,19 @@ class PlacementConfig:
                     "a colocated policy has no obs/actions link to simulate (env and policy share a "
                     "process); use env_to_rollout: direct or channel, or env.link for a delayed robot",
                 )
+
+    def _check_learner_in_controller(self) -> None:
+        """``learner: controller`` hosts one CPU learner in the controller: nothing of placement.actor can apply."""
+        actor, default = self.actor, _actor_group()
+        why = "the learner runs in the run controller (placement.learner: controller); set placement.learner: worker"
+        if actor.num_workers != 1:
+            raise ConfigError("actor.num_workers", actor.num_workers, f"must be 1: {why} for more learners")
+        if actor.num_gpus:
+            raise ConfigError("actor.num_gpus", actor.num_gpus, f"must be 0: {why} to give the learner a GPU")
+        if actor.node_group is not None:
+            raise ConfigError("actor.node_group", actor.node_group, f"must be None: {why} to place it")
+        if actor.resources != default.resources:
+            raise ConfigError("actor.resources", actor.resources, f"must be empty: {why} to place it")
 
 
 @dataclass
@@ -144,8 +166,19 @@ class PolicyConfig:
         "them open loop, one per env step (1 = one action per step; on-policy algorithms only)",
         range=(1, 1024),
     )
+    inference: str = param(
+        "auto",
+        doc="how env and rollout workers evaluate the policy to act: numpy = its numpy copy (the mlp "
+        "policy; no torch in those processes, a fraction of torch's cost per call), torch = the torch "
+        "module, auto = numpy where the policy has a numpy copy, else torch",
+        choices=("auto", "torch", "numpy"),
+    )
 
     def validate(self) -> None:
+        if self.inference == "numpy" and self.name != "mlp":
+            raise ConfigError(
+                "inference", self.inference, f"policy {self.name!r} has no numpy copy (only 'mlp' has); use auto or torch"
+            )  # fmt: skip
         if "chunk" in self.kwargs:
             raise ConfigError(
                 "kwargs.chunk", self.kwargs["chunk"],

@@ -33,7 +33,7 @@ from .links import LinkDelays
 from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
 from .rundir import RunDir, dedupe_steps
-from .worker import GroupFuture, GroupPlacement, WorkerGroup, check_placement
+from .worker import GroupFuture, GroupPlacement, LocalWorkerGroup, WorkerGroup, check_placement
 from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
 
 ACTOR_PREFIX = "run:"
@@ -150,7 +150,7 @@ class RunControllerImpl:
         self.started_at = time.time()
         self.iter_started = time.perf_counter()
         self.resume = resume
-        self.groups: dict[str, WorkerGroup] = {}
+        self.groups: dict[str, WorkerGroup | LocalWorkerGroup] = {}
         self.channels: dict[str, Channel] = {}
         self.placement_info: list[dict[str, Any]] = []
         self.claimed_robots: list[str] = []  # placement.env.robots, once claimed (released when the run ends)
@@ -164,6 +164,7 @@ class RunControllerImpl:
             None  # colocated: ([ref], version) of the last sync
         )
         self.random_warmup_done = False  # algo.random_steps collected (the event is written once)
+        self.env_incarnations: list[str | None] = []  # per env worker rank: which start of it (restarts)
         self.setup_timings: dict[str, float] = {}  # setup_*_s: seconds from the controller's __init__
         self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
 
@@ -213,7 +214,9 @@ class RunControllerImpl:
                 p.rollout.node_group,
                 p.rollout.resources,
             ),  # fmt: skip
-            "actor": GroupPlacement(
+            "actor": None
+            if p.learner == "controller"  # in this process: nothing to place
+            else GroupPlacement(
                 p.actor.num_workers, p.actor.num_cpus, p.actor.num_gpus, p.actor.node_group, p.actor.resources
             ),  # fmt: skip
         }
@@ -224,9 +227,13 @@ class RunControllerImpl:
         check_placement(placements)
         n_env = p.env.num_workers
         links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
+        # obs/actions channels only where actions travel through them (each channel is an actor to start)
+        per_step = ("obs", "actions") if p.env_to_rollout == "channel" else ()
         self.channels = {
-            "obs": Channel.create(f"{self.name}/obs", maxsize=2, link=links.channel_link("obs")),
-            "actions": Channel.create(f"{self.name}/actions", maxsize=2, link=links.channel_link("actions")),
+            **{
+                name: Channel.create(f"{self.name}/{name}", maxsize=2, link=links.channel_link(name))
+                for name in per_step
+            },
             "trajectories": Channel.create(
                 f"{self.name}/trajectories", maxsize=2, link=links.channel_link("trajectories")
             ),
@@ -247,14 +254,22 @@ class RunControllerImpl:
         if not self.colocated:  # colocated: each env worker runs its own copy of the policy
             self.groups["rollout"] = WorkerGroup("rollout", RolloutWorker, placements["rollout"],
                                                  (policy_dict, spaces, cfg.seed), max_restarts=3)  # fmt: skip
-        self.groups["actor"] = WorkerGroup("actor", LearnerWorker, placements["actor"],
-                                           (self.algo, cfg.algo, policy_dict, spaces, cfg.seed))  # fmt: skip
+        learner_args = (self.algo, cfg.algo, policy_dict, spaces, cfg.seed)
+        if p.learner == "controller":  # built here, its imports overlapping the env workers' start
+            try:
+                self.groups["actor"] = LocalWorkerGroup("actor", LearnerWorker, learner_args)
+            except Exception:
+                self.groups["env"].call_one(0, "spaces").get(timeout=300)  # an env that failed says so first
+                raise
+        else:
+            self.groups["actor"] = WorkerGroup("actor", LearnerWorker, placements["actor"], learner_args)
         self.groups["env"].call_one(0, "spaces").get(timeout=300)  # an env that fails to build says so here
         timings["setup_env_s"] = time.perf_counter() - t_setup
         self.env_ranks_of = [[r for r in range(n_env) if r % p.rollout.num_workers == j]
                              for j in range(p.rollout.num_workers)]  # fmt: skip
         for g in self.groups.values():
             self.placement_info += g.health(timeout=300)
+        self.env_incarnations = [h.get("incarnation") for h in self.placement_info if h.get("group") == "env"]
         timings["setup_workers_s"] = time.perf_counter() - t_setup
         demos = getattr(cfg.algo, "demos", None)
         if demos:  # a resumed run's checkpoint replaces the demo buffer with its own copy
@@ -432,6 +447,7 @@ class RunControllerImpl:
             raise failure
         env_results = env_fut.get()
         roll_fut.get()
+        self._note_env_restarts([r.get("incarnation") for r in env_results])
         n_env = len(self.groups["env"])
         trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=60, as_torch=False)
         if self.cfg.placement.links.active():
@@ -471,6 +487,8 @@ class RunControllerImpl:
         for r in env_results:
             delays.merge(r.get("link_delays") or {})
         for name in self.cfg.placement.links.active():
+            if name not in self.channels:  # direct path: its delays come with the env workers' results
+                continue
             m = self.channels[name].metrics()
             total = (m.get("link_delay_s", 0.0), m.get("link_messages", 0))
             seen = self.link_seen.get(name, (0.0, 0))
@@ -527,10 +545,21 @@ class RunControllerImpl:
         n_env = len(self.groups["env"])
         for key in range(n_env):
             for name in ("obs", "actions"):
+                if name not in self.channels:
+                    continue
                 try:
                     self.channels[name].put_async(key, {ABORT: True}, timeout=5)
                 except Exception:  # noqa: BLE001 - best effort
                     pass
+
+    def _note_env_restarts(self, incarnations: list[str | None]) -> None:
+        """Record env workers that Ray restarted between two rollouts (no call failed, so nothing else says so)."""
+        for rank, now in enumerate(incarnations):
+            before = self.env_incarnations[rank] if rank < len(self.env_incarnations) else None
+            if before is not None and now is not None and now != before:
+                self.event("recovery", group="env", rank=rank, action="restarted",
+                           note="the env worker was restarted by Ray between rollouts; its envs started afresh")  # fmt: skip
+        self.env_incarnations = list(incarnations)
 
     def _recover_env_failure(self, exc: BaseException) -> None:
         group = self.groups["env"]
@@ -541,6 +570,7 @@ class RunControllerImpl:
             health = group.health(timeout=2)
         if not all(h["alive"] for h in health):
             raise RuntimeError(f"env workers did not come back after a failure: {health}") from exc
+        self.env_incarnations = [h.get("incarnation") for h in health]  # this recovery is recorded below
         for ch in self.channels.values():
             ch.clear()
         group.call("reset").get(timeout=120)
@@ -555,11 +585,7 @@ class RunControllerImpl:
         return out
 
     def sync_weights(self) -> dict[str, Any]:
-        weights_ref = self.groups["actor"].actors[0]._invoke.remote("get_weights", (), {})
-        report = ray.get(weights_ref)
-        if not report["ok"]:
-            raise RuntimeError(f"learner get_weights failed:\n{report['error']}")
-        weights, version = report["result"]
+        weights, version = self.groups["actor"].call_one(0, "get_weights").get()[0]
         ref = ray.put(weights)
         if self.colocated:  # parked by each env worker and loaded before its next decision
             self.latest_weights = ([ref], version)  # every colocated rollout call carries it, too

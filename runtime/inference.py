@@ -9,10 +9,15 @@ Rollout workers run one for the env workers they serve. With ``placement.env_to_
 each env worker runs its own, so a step costs no actor call at all; weights then arrive while a
 rollout may be running (async off-policy), so :meth:`PolicyServer.offer_weights` only parks them and
 :meth:`PolicyServer.answer` loads the newest parked weights before the next decision.
+
+``policy.inference`` picks how it acts: ``numpy`` runs the policy's numpy copy
+(:mod:`rlinf_nb.policies.numpy_mlp`, the ``mlp`` policy: no torch in this process), ``torch`` the
+torch module, ``auto`` (default) numpy where the policy has a numpy copy.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -23,21 +28,76 @@ from rlinf_nb import tree
 
 from .compression import ObsDecoder
 
+INFERENCE_BACKENDS = ("auto", "torch", "numpy")
 
-class PolicyServer:
-    """A policy with versioned weights answering observation messages."""
 
-    def __init__(self, policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, torch_seed: int):
+class TorchActing:
+    """The torch policy, acting without gradients (for policies without a numpy copy)."""
+
+    def __init__(self, policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, seed: int):
         import torch
 
         from rlinf_nb.policies import make_policy
         from rlinf_nb.run_config import policy_kwargs
 
-        torch.manual_seed(torch_seed)
-        self.action_space = action_space
-        self.random_actions = np.random.default_rng(torch_seed)  # messages with "random": uniform actions
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        torch.manual_seed(seed)
         self.policy = make_policy(policy_cfg["name"], obs_space, action_space, **policy_kwargs(policy_cfg))
         self.policy.eval()
+
+    def load(self, weights: dict[str, np.ndarray]) -> None:
+        import torch
+
+        self.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
+
+    def act(self, obs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            actions, logprobs, values = self.policy.act(tree.map(torch.as_tensor, obs))
+        return actions.numpy(), logprobs.numpy(), values.numpy()
+
+    def value(self, obs: Any) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.policy.value(tree.map(torch.as_tensor, obs)).numpy()
+
+
+def make_acting(policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, seed: int) -> Any:
+    """The acting backend that ``policy.inference`` asks for (see the module docstring).
+
+    Raises:
+        ValueError: ``inference: numpy`` for a policy without a numpy copy (the message says why).
+    """
+    from rlinf_nb.policies.numpy_mlp import numpy_policy, numpy_support
+
+    backend = policy_cfg.get("inference", "auto")
+    if backend not in INFERENCE_BACKENDS:
+        raise ValueError(
+            f"policy.inference: got {backend!r}; allowed values: {', '.join(INFERENCE_BACKENDS)}"
+        )
+    if backend != "torch":
+        acting = numpy_policy(policy_cfg, obs_space, action_space, seed)
+        if acting is not None:
+            return acting
+        if backend == "numpy":
+            why = numpy_support(policy_cfg, obs_space, action_space)
+            raise ValueError(
+                f"policy.inference: numpy is not available for this policy: {why}; use auto or torch"
+            )
+    return TorchActing(policy_cfg, obs_space, action_space, seed)
+
+
+class PolicyServer:
+    """A policy with versioned weights answering observation messages."""
+
+    def __init__(self, policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, torch_seed: int):
+        self.action_space = action_space
+        self.random_actions = np.random.default_rng(torch_seed)  # messages with "random": uniform actions
+        self.acting = make_acting(policy_cfg, obs_space, action_space, torch_seed)
+        # the torch module (TorchActing) or the numpy copy (NumpyMLPPolicy)
+        self.policy = getattr(self.acting, "policy", self.acting)
         self.version = -1
         self.obs_decoder = ObsDecoder()  # compressed observations (compression.obs), per env worker stream
         self._parked: tuple[dict[str, np.ndarray], int] | None = None
@@ -45,9 +105,7 @@ class PolicyServer:
 
     def set_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
         """Load ``weights`` now (the caller owns the policy's thread)."""
-        import torch
-
-        self.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
+        self.acting.load(weights)
         self.version = version
         return version
 
@@ -91,38 +149,32 @@ class PolicyServer:
 
     def answer(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Actions, log-probs, values (and bootstrap values of time-limited episodes) for each message."""
-        import torch
-
         self.load_parked()
         # obs: an array or a dict of arrays per message, [n_i, ...] per leaf; dtypes kept (uint8 images)
         msgs = [{**m, "obs": self.obs_decoder.decode(m["obs"], m.get("sender"))} for m in msgs]
         sizes = [tree.batch_size(m["obs"]) for m in msgs]
-        obs = tree.map(torch.as_tensor, tree.concatenate([m["obs"] for m in msgs]))
-        with torch.no_grad():
-            if msgs[0]["value_only"]:
-                actions = logprobs = None
-                values = self.policy.value(obs)
-            elif msgs[0].get("random"):  # off-policy warm-up (algo.random_steps): not the policy's actions
-                actions = torch.as_tensor(self.uniform_actions(sum(sizes)))
-                logprobs = torch.zeros(sum(sizes))
-                values = self.policy.value(obs)
-            else:
-                actions, logprobs, values = self.policy.act(obs)
-            boot = [None] * len(msgs)
-            for i, m in enumerate(msgs):
-                if m["final_obs"] is not None:
-                    boot[i] = self.policy.value(tree.map(torch.as_tensor, m["final_obs"])).numpy()
+        obs = tree.concatenate([m["obs"] for m in msgs])
+        if msgs[0]["value_only"]:
+            actions = logprobs = None
+            values = self.acting.value(obs)
+        elif msgs[0].get("random"):  # off-policy warm-up (algo.random_steps): not the policy's actions
+            actions = self.uniform_actions(sum(sizes))
+            logprobs = np.zeros(sum(sizes), np.float32)
+            values = self.acting.value(obs)
+        else:
+            actions, logprobs, values = self.acting.act(obs)
+        boot = [None if m["final_obs"] is None else self.acting.value(m["final_obs"]) for m in msgs]
         offsets = np.cumsum([0, *sizes])
         replies = []
         for i in range(len(msgs)):
             sl = slice(offsets[i], offsets[i + 1])
             reply = {
-                "values": values[sl].numpy(),
+                "values": values[sl],
                 "bootstrap_values": boot[i],
                 "version": np.full(sizes[i], self.version),
             }
             if actions is not None:
-                reply["actions"] = actions[sl].numpy()
-                reply["logprobs"] = logprobs[sl].numpy()
+                reply["actions"] = actions[sl]
+                reply["logprobs"] = logprobs[sl]
             replies.append(reply)
         return replies

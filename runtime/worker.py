@@ -5,6 +5,8 @@ A worker class is a plain Python class defined at module level inside the packag
 :class:`WorkerGroup` starts ``count`` of them as Ray actors, placed by node-group
 label and resources, and calls a method on all of them at once: the call returns
 a :class:`GroupFuture`, and a failure carries the worker's rank and traceback.
+A :class:`LocalWorkerGroup` holds one worker in the calling process behind the same
+interface (``placement.learner: controller``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Worker:
         self.rank = rank
         self.world_size = world_size
         self.group = group
+        # which start of this worker: a worker Ray restarted reports another one
+        self.incarnation = f"{os.getpid()}-{time.time_ns()}"
 
     def _invoke(self, method: str, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Run ``method`` and report its result, timing, or traceback (never raises)."""
@@ -60,7 +64,7 @@ class Worker:
 
     def ping(self) -> dict[str, Any]:
         return {"rank": self.rank, "group": self.group, "pid": os.getpid(), "host": socket.gethostname(),
-                "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip
+                "node_id": ray.get_runtime_context().get_node_id(), "incarnation": self.incarnation}  # fmt: skip
 
 
 @dataclass
@@ -138,9 +142,12 @@ class GroupFuture:
     def __init__(self, group: WorkerGroup, method: str, refs: list[ray.ObjectRef]):
         self.group, self.method, self.refs = group, method, refs
 
+    def _reports(self, timeout: float | None) -> list[dict[str, Any]]:
+        return ray.get(self.refs, timeout=timeout)
+
     def get(self, timeout: float | None = None) -> list[Any]:
         """Each rank's result, in rank order; raises :class:`WorkerError` for the first failure."""
-        reports = ray.get(self.refs, timeout=timeout)
+        reports = self._reports(timeout)
         results = []
         for rank, rep in enumerate(reports):
             if not rep["ok"]:
@@ -218,3 +225,63 @@ class WorkerGroup:
                 ray.kill(actor)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+class DoneFuture(GroupFuture):
+    """A :class:`GroupFuture` over reports that are already here (a :class:`LocalWorkerGroup` call)."""
+
+    def __init__(self, group: Any, method: str, reports: list[dict[str, Any]]):
+        super().__init__(group, method, [])
+        self.reports = reports
+
+    def _reports(self, timeout: float | None) -> list[dict[str, Any]]:
+        return self.reports
+
+    def ready(self) -> bool:
+        return True
+
+
+class LocalWorkerGroup:
+    """One worker in this process, called like a :class:`WorkerGroup` of one (calls run at once, here).
+
+    What ``placement.learner: controller`` uses: the learner lives in the run controller's process,
+    so a run starts one process fewer and an update is a method call, not a Ray call.
+    """
+
+    def __init__(
+        self, name: str, worker_cls: type[Worker], init_args: tuple = (), init_kwargs: dict | None = None
+    ):
+        self.name = name
+        self.placement = None
+        self.last_timings: dict[str, list[float]] = {}
+        self.actors: list[Any] = []  # no Ray actor: callers use call / call_one
+        self.worker: Worker | None = worker_cls(0, 1, name, *init_args, **(init_kwargs or {}))
+
+    def __len__(self) -> int:
+        return 1
+
+    def _run(self, method: str, args: tuple, kwargs: dict) -> DoneFuture:
+        if self.worker is None:
+            report = {"ok": False, "error": f"the {self.name} worker was released", "elapsed": 0.0}
+        else:
+            report = self.worker._invoke(method, args, kwargs)
+        return DoneFuture(self, method, [report])
+
+    def call(
+        self, method: str, *args: Any, rank_args: list[tuple] | None = None, **kwargs: Any
+    ) -> DoneFuture:
+        extra = tuple(rank_args[0]) if rank_args is not None else ()
+        return self._run(method, extra + args, kwargs)
+
+    def call_one(self, rank: int, method: str, *args: Any, **kwargs: Any) -> DoneFuture:
+        if rank != 0:
+            raise IndexError(f"{self.name}: a local group has rank 0 only, got {rank}")
+        return self._run(method, args, kwargs)
+
+    def health(self, timeout: float = 2.0) -> list[dict[str, Any]]:
+        if self.worker is None:
+            return [{"rank": 0, "alive": False, "error": "released"}]
+        return [{"alive": True, **self.worker.ping(), "in_process": True}]
+
+    def kill(self) -> None:
+        self.worker = None

@@ -77,7 +77,6 @@ class EnvWorker(Worker):
         self.robots = RobotControl(self.env, env_cfg["id"])  # e-stop; a latched env waits in its reset
         self.policy: PolicyServer | None = None  # colocated inference: weights arrive via offer_weights
         if policy is not None:
-            _set_torch_threads()
             self.policy = PolicyServer(
                 policy, self.env.observation_space, self.env.action_space, seed + 7919 * (rank + 1)
             )
@@ -331,7 +330,7 @@ class EnvWorker(Worker):
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
                                 "successes": successes, "env_steps": T * N, **human.summary(),
                                 "obs_codec": self.obs_codec.stats() if self.obs_codec.enabled else None})  # fmt: skip
-        return {"env_steps": T * N, "episodes": len(ep_returns)}
+        return {"env_steps": T * N, "episodes": len(ep_returns), "incarnation": self.incarnation}
 
 
 def _obs_encoder(compression: dict[str, Any] | None, channel: str) -> Any:
@@ -414,9 +413,6 @@ class RolloutWorker(Worker):
     def __init__(self, rank: int, world_size: int, group: str, policy_cfg: dict[str, Any],
                  spaces: tuple[Any, Any] | list[ray.ObjectRef], seed: int):  # fmt: skip
         super().__init__(rank, world_size, group)
-        _set_torch_threads()
-        import torch  # noqa: F401 - first, so the import overlaps the env worker's start
-
         obs_space, action_space = resolve_spaces(spaces)
         self.server = PolicyServer(policy_cfg, obs_space, action_space, seed + 7919 * (rank + 1))
 
@@ -461,6 +457,10 @@ class LearnerWorker(Worker):
         from rlinf_nb.run_config import policy_kwargs
 
         _set_torch_threads()
+        # torch's first optimizer imports torch._dynamo (over a second on a small CPU): import it now,
+        # while the env workers start, instead of in make_learner once the spaces are here
+        import torch._dynamo  # noqa: F401
+
         obs_space, action_space = resolve_spaces(spaces)  # after the imports: they overlap the env's start
         torch.manual_seed(seed)
         # The controller passes the Algorithm itself (one defined in a notebook is not registered here).

@@ -123,7 +123,8 @@ def _workers(env_id: str, num_envs: int, chunk: int, seed: int = 0, env_kwargs: 
 
     env = EnvWorker(0, 1, "env", {"id": env_id, "num_envs": num_envs, "kwargs": env_kwargs or {}}, seed=seed)
     obs_space, action_space = env.spaces()
-    policy = {"name": "mlp", "kwargs": {"hidden_sizes": (16,)}, "chunk": chunk}
+    # torch: it acts with its own seeded weights before any sync (a numpy copy waits for weights)
+    policy = {"name": "mlp", "kwargs": {"hidden_sizes": (16,)}, "chunk": chunk, "inference": "torch"}
     return env, RolloutWorker(0, 1, "rollout", policy, (obs_space, action_space), seed)
 
 
@@ -219,7 +220,7 @@ def test_chunk_of_1_batch_equals_a_plain_step_loop():
     # The reference: a fresh env and rollout worker with the same seeds, driven by hand.
     ref_env = make_env("Pendulum-v1", N, seed=env.seed)
     obs = ref_env.reset(seed=env.seed)
-    policy = RolloutWorker(0, 1, "rollout", {"name": "mlp", "kwargs": {"hidden_sizes": (16,)}},
+    policy = RolloutWorker(0, 1, "rollout", {"name": "mlp", "kwargs": {"hidden_sizes": (16,)}, "inference": "torch"},
                            (ref_env.observation_space, ref_env.action_space), 2).policy  # fmt: skip
     want = {k: [] for k in ("obs", "actions", "rewards", "dones", "truncated", "bootstrap_values")}
     with torch.no_grad():

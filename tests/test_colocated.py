@@ -54,10 +54,12 @@ def test_an_unknown_mode_lists_colocated():
 
 
 def _server() -> PolicyServer:
+    """A torch server: it answers with its own seeded weights (version -1) before any are offered."""
     env = gym.make("CartPole-v1")
     return PolicyServer(
-        {"name": "mlp", "kwargs": {"hidden_sizes": [8]}}, env.observation_space, env.action_space, 0
-    )
+        {"name": "mlp", "kwargs": {"hidden_sizes": [8]}, "inference": "torch"},
+        env.observation_space, env.action_space, 0,
+    )  # fmt: skip
 
 
 def _msg(obs: np.ndarray) -> dict:
@@ -133,6 +135,28 @@ def test_colocated_run_has_no_rollout_workers_and_matches_the_direct_path():
 
 
 @pytest.mark.usefixtures("attached")
+def test_a_learner_in_the_controller_trains_exactly_like_a_learner_worker():
+    """placement.learner: controller runs the same learner code, seeded the same: the runs are identical."""
+    runs = {}
+    for where in ("worker", "controller"):
+        cfg = small_ppo("colocated", checkpoint={"every": 2})
+        cfg["placement"]["learner"] = where
+        run = _launch(cfg, f"learner_{where}")
+        st = run.wait(timeout=600, progress=False)
+        assert st["state"] == "finished", st.get("error")
+        runs[where] = (run, run.metrics(), run.batch().to_local(), run._call("placement"))
+    worker, local = runs["worker"], runs["controller"]
+    actor = [p for p in local[3] if p["group"] == "actor"]
+    assert len(actor) == 1 and actor[0]["in_process"] is True  # no actor of its own: the controller's process
+    assert not any(p.get("in_process") for p in worker[3])
+    for key in ("actions", "logprobs", "values", "advantages", "versions"):
+        np.testing.assert_array_equal(local[2][key], worker[2][key], err_msg=key)
+    for col in ("env_steps", "episode_return_mean", "policy_loss", "value_loss", "policy_staleness"):
+        np.testing.assert_array_equal(local[1][col].to_numpy(float), worker[1][col].to_numpy(float), col)
+    assert (local[0].events()["kind"] == "checkpoint").any()  # the learner's state reached a checkpoint
+
+
+@pytest.mark.usefixtures("attached")
 def test_colocated_async_sac_loads_weights_while_collecting():
     """Off-policy collection runs during updates: the env workers' policy versions keep rising."""
     cfg = {
@@ -184,7 +208,8 @@ def test_colocated_refuses_obs_compression():
 
 def test_random_requests_get_uniform_actions_from_the_servers_own_generator():
     env = gym.make("Pendulum-v1")
-    policy_cfg = {"name": "mlp", "kwargs": {"hidden_sizes": [8], "action_head": "squashed_gaussian"}}
+    policy_cfg = {"name": "mlp", "kwargs": {"hidden_sizes": [8], "action_head": "squashed_gaussian"},
+                  "inference": "torch"}  # fmt: skip
     a = PolicyServer(policy_cfg, env.observation_space, env.action_space, 11)
     obs = np.zeros((64, 3), np.float32)
     reply = a.answer([{**_msg(obs), "random": True}])[0]

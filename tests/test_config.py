@@ -62,9 +62,21 @@ def test_live_params_are_declared_with_ranges():
 
 
 def test_partial_section_override_keeps_that_sections_defaults():
-    cfg = resolve_config("ppo_cartpole", placement__actor__node_group="train")
+    cfg = resolve_config("ppo_cartpole", placement__learner="worker", placement__actor__node_group="train")
     assert cfg.placement.actor.node_group == "train"
     assert cfg.placement.actor.num_cpus == 0.5 and cfg.placement.env.num_cpus == 0.25
+
+
+@pytest.mark.parametrize(
+    ("override", "value", "path"),
+    [("num_workers", 2, "actor.num_workers"), ("num_gpus", 1.0, "actor.num_gpus"),
+     ("node_group", "train", "actor.node_group"), ("resources", {"big": 1.0}, "actor.resources")],
+)  # fmt: skip
+def test_a_learner_in_the_controller_refuses_an_actor_placement(override, value, path):
+    with pytest.raises(
+        ConfigError, match=rf"placement\.{path}: got .*placement\.learner: controller.*learner: worker"
+    ):
+        resolve_config("ppo_cartpole", **{f"placement__actor__{override}": value})
 
 
 def test_default_run_name_is_a_valid_name_for_every_env_id_form():

@@ -44,11 +44,12 @@ def test_groups_are_placed_by_node_group_label(two_node_home):
         run = rl.launch("ppo_cartpole", name="placed", budget__total_env_steps=1024, budget__stop_metric=None,
                         budget__stop_value=None, env_workers=2, placement__env__node_group="sim",
                         placement__rollout__node_group="sim", placement__actor__node_group="train",
-                        placement__env__resources={"sim_slot": 1}, placement__env_to_rollout="direct")
+                        placement__env__resources={"sim_slot": 1}, placement__env_to_rollout="direct",
+                        placement__learner="worker")
         where = [{"group": p["group"], "rank": p["rank"], "ip": nodes[p["node_id"]]} for p in run._call("placement")]
         status = run.wait(timeout=300, progress=False)
         try:
-            rl.launch("ppo_cartpole", name="nowhere", placement__actor__node_group="gpu")
+            rl.launch("ppo_cartpole", name="nowhere", placement__learner="worker", placement__actor__node_group="gpu")
             error = None
         except RuntimeError as exc:
             error = str(exc)

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlinf_nb.policies.spec import ACTION_HEADS, resolve_head_kind
+
 __all__ = [
     "ACTION_HEADS",
     "ActionDistribution",
@@ -43,8 +45,6 @@ __all__ = [
     "make_action_head",
     "resolve_head_kind",
 ]
-
-ACTION_HEADS = ("auto", "categorical", "gaussian", "squashed_gaussian")
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG2 = math.log(2.0)
@@ -324,27 +324,6 @@ class ChunkedHead(nn.Module):
         else:
             base = self.head(features)
         return Chunked(base, self.chunk, self.action_shape)
-
-
-def resolve_head_kind(kind: str, action_space: gym.Space) -> str:
-    """``"auto"`` -> categorical (Discrete) or gaussian (Box); checks the kind fits the space.
-
-    Raises:
-        ValueError: an unknown kind, or a kind that does not fit the action space.
-    """
-    if kind not in ACTION_HEADS:
-        raise ValueError(f"action_head: got {kind!r}; allowed values: {', '.join(ACTION_HEADS)}")
-    if kind == "auto":
-        if isinstance(action_space, gym.spaces.Discrete):
-            return "categorical"
-        if isinstance(action_space, gym.spaces.Box):
-            return "gaussian"
-        raise ValueError(f"policies support Discrete or Box action spaces, got {action_space}")
-    if kind == "categorical" and not isinstance(action_space, gym.spaces.Discrete):
-        raise ValueError(f"action_head 'categorical' needs a Discrete action space, got {action_space}")
-    if kind != "categorical" and not isinstance(action_space, gym.spaces.Box):
-        raise ValueError(f"action_head {kind!r} needs a Box action space, got {action_space}")
-    return kind
 
 
 def make_action_head(

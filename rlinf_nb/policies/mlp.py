@@ -17,74 +17,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from torch import Tensor, nn
 
-from rlinf_nb.config import ConfigError, build, deep_merge, param, to_dict
+from rlinf_nb.config import build, deep_merge, to_dict
 from rlinf_nb.policies.base import ActorCriticAPI
-from rlinf_nb.policies.distributions import (
-    ACTION_HEADS,
-    ActionDistribution,
-    layer_init,
-    make_action_head,
-    resolve_head_kind,
-)
+from rlinf_nb.policies.distributions import ActionDistribution, layer_init, make_action_head
 from rlinf_nb.policies.registry import register_policy
+from rlinf_nb.policies.spec import ACTIVATION_NAMES, MLPPolicyConfig, resolve_head_kind
 
 __all__ = ["ACTIVATIONS", "ActorCritic", "MLPPolicyConfig"]
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "tanh": nn.Tanh,
-    "relu": nn.ReLU,
-    "elu": nn.ELU,
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-    "leaky_relu": nn.LeakyReLU,
-}
-
-
-@dataclass
-class MLPPolicyConfig:
-    """Architecture of :class:`ActorCritic`."""
-
-    hidden_sizes: tuple[int, ...] = param(
-        (64, 64), doc="widths of the actor's hidden layers (and of the shared trunk)"
-    )
-    critic_hidden_sizes: tuple[int, ...] | None = param(
-        None, doc="widths of the critic's hidden layers; None = same as hidden_sizes"
-    )
-    activation: str = param("tanh", doc="hidden-layer activation", choices=tuple(ACTIVATIONS))
-    share_trunk: bool = param(
-        False, doc="actor and critic share the hidden layers (one trunk, two linear heads)"
-    )
-    action_head: str = param(
-        "auto",
-        doc="action distribution; auto = categorical for Discrete, gaussian for Box",
-        choices=ACTION_HEADS,
-    )
-    log_std_init: float = param(0.0, doc="initial log std of the Gaussian head", range=(-20.0, 5.0))
-    log_std_min: float = param(-5.0, doc="lower bound of the squashed Gaussian's log std", range=(-20.0, 5.0))
-    log_std_max: float = param(2.0, doc="upper bound of the squashed Gaussian's log std", range=(-20.0, 5.0))
-    ortho_init: bool = param(
-        True, doc="orthogonal init (gains sqrt(2) hidden, 0.01 policy head, 1 value head)"
-    )
-    chunk: int = param(1, doc="actions per step (an action chunk): [N, chunk(, A)] when > 1", range=(1, 1024))
-
-    def validate(self) -> None:
-        for name in ("hidden_sizes", "critic_hidden_sizes"):
-            sizes = getattr(self, name)
-            if sizes is not None and any(s < 1 for s in sizes):
-                raise ConfigError(name, sizes, "every layer width must be >= 1")
-        if self.share_trunk and self.critic_hidden_sizes is not None:
-            raise ConfigError(
-                "critic_hidden_sizes", self.critic_hidden_sizes, "must be None when share_trunk is true"
-            )
-        if self.log_std_min >= self.log_std_max:
-            raise ConfigError("log_std_min", self.log_std_min, f"must be < log_std_max ({self.log_std_max})")
+ACTIVATIONS: dict[str, type[nn.Module]] = dict(
+    zip(ACTIVATION_NAMES, (nn.Tanh, nn.ReLU, nn.ELU, nn.GELU, nn.SiLU, nn.LeakyReLU), strict=True)
+)
 
 
 def _mlp(in_dim: int, sizes: tuple[int, ...], activation: str, ortho: bool) -> tuple[nn.Sequential, int]:

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import gymnasium as gym
-from torch import nn
+
+if TYPE_CHECKING:  # torch loads with the built-in policies, on first use (see _load_builtins)
+    from torch import nn
 
 __all__ = ["make_policy", "register_policy", "registered_policies"]
 
-F = TypeVar("F", bound=Callable[..., nn.Module])
+F = TypeVar("F", bound=Callable[..., "nn.Module"])
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+_BUILTIN_MODULES = ("rlinf_nb.policies.mlp", "rlinf_nb.policies.cnn")  # they register on import
+
+
+def _load_builtins() -> None:
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
 
 
 def register_policy(name: str) -> Callable[[F], F]:
@@ -39,6 +48,7 @@ def _qualname(obj: Any) -> str:
 
 def registered_policies() -> list[str]:
     """The registered policy names, sorted."""
+    _load_builtins()
     return sorted(_REGISTRY)
 
 
@@ -51,6 +61,7 @@ def make_policy(name: str, obs_space: gym.Space, action_space: gym.Space, **kwar
     Raises:
         ValueError: ``name`` is not registered; the message lists the registered names.
     """
+    _load_builtins()
     try:
         factory = _REGISTRY[name]
     except KeyError:
