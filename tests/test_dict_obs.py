@@ -141,7 +141,7 @@ def test_rollout_stores_dict_obs_uint8_and_bootstraps_from_final_dict_obs(worker
     sink = _Sink()
     env.reset()
     out = env._rollout(8, ask, sink, None, False)
-    assert out == {"env_steps": 16, "episodes": 2}
+    assert out == {"env_steps": 16, "episodes": 2, "incarnation": env.incarnation}
     b = sink.item["batch"]
     assert b["obs"]["cams/front"].shape == (8, 2, 64, 64, 3) and b["obs"]["cams/front"].dtype == np.uint8
     assert b["obs"]["state"].shape == (8, 2, 13) and b["obs"]["state"].dtype == np.float32
