@@ -587,9 +587,14 @@ class RunControllerImpl:
     def sync_weights(self) -> dict[str, Any]:
         weights, version = self.groups["actor"].call_one(0, "get_weights").get()[0]
         ref = ray.put(weights)
-        if self.colocated:  # parked by each env worker and loaded before its next decision
-            self.latest_weights = ([ref], version)  # every colocated rollout call carries it, too
-            offers = [a.offer_weights.remote(ref, version) for a in self.groups["env"].actors]
+        if self.colocated:
+            self.latest_weights = ([ref], version)  # every colocated rollout call carries it: loaded first
+            # A collection in flight (off-policy) gets them now, parked and loaded before its next decision;
+            # between on-policy rollouts the next rollout call brings them (one round trip fewer).
+            in_flight = self._segment is not None
+            offers = (
+                [a.offer_weights.remote(ref, version) for a in self.groups["env"].actors] if in_flight else []
+            )
             for offer in offers:
                 try:
                     ray.get(offer, timeout=120)

@@ -153,7 +153,7 @@ class PolicyServer:
         # obs: an array or a dict of arrays per message, [n_i, ...] per leaf; dtypes kept (uint8 images)
         msgs = [{**m, "obs": self.obs_decoder.decode(m["obs"], m.get("sender"))} for m in msgs]
         sizes = [tree.batch_size(m["obs"]) for m in msgs]
-        obs = tree.concatenate([m["obs"] for m in msgs])
+        obs = msgs[0]["obs"] if len(msgs) == 1 else tree.concatenate([m["obs"] for m in msgs])
         if msgs[0]["value_only"]:
             actions = logprobs = None
             values = self.acting.value(obs)
@@ -164,17 +164,21 @@ class PolicyServer:
         else:
             actions, logprobs, values = self.acting.act(obs)
         boot = [None if m["final_obs"] is None else self.acting.value(m["final_obs"]) for m in msgs]
+        if len(msgs) == 1:  # one sender (colocated and direct inference): no slicing
+            return [self._reply(values, boot[0], sizes[0], actions, logprobs)]
         offsets = np.cumsum([0, *sizes])
         replies = []
         for i in range(len(msgs)):
             sl = slice(offsets[i], offsets[i + 1])
-            reply = {
-                "values": values[sl],
-                "bootstrap_values": boot[i],
-                "version": np.full(sizes[i], self.version),
-            }
-            if actions is not None:
-                reply["actions"] = actions[sl]
-                reply["logprobs"] = logprobs[sl]
-            replies.append(reply)
+            replies.append(self._reply(values[sl], boot[i], sizes[i],
+                                       None if actions is None else actions[sl],
+                                       None if logprobs is None else logprobs[sl]))  # fmt: skip
         return replies
+
+    def _reply(self, values: np.ndarray, bootstrap: np.ndarray | None, size: int,
+               actions: np.ndarray | None, logprobs: np.ndarray | None) -> dict[str, Any]:  # fmt: skip
+        reply = {"values": values, "bootstrap_values": bootstrap, "version": np.full(size, self.version)}
+        if actions is not None:
+            reply["actions"] = actions
+            reply["logprobs"] = logprobs
+        return reply

@@ -194,3 +194,32 @@ def test_ignore_terminations_counts_success_once():
     assert not any(r.terminated.any() for r in results)
     assert results[-1].truncated[0] and results[-1].episode_lengths == [4] and results[-1].successes == [1.0]
     env.close()
+
+
+def test_maniskill_runs_without_autograd(state_env):
+    """reset, step (and its same-step autoreset) run ManiSkill under torch.inference_mode (no autograd
+    bookkeeping on its many small ops), and nothing of that mode leaks to the caller."""
+    env = state_env
+    base = env._envs[0].unwrapped
+    real_evaluate, real_reset = base.evaluate, base.reset
+    seen: list[tuple[str, bool]] = []
+
+    def evaluate(*args, **kwargs):
+        seen.append(("step", torch.is_inference_mode_enabled()))
+        return real_evaluate(*args, **kwargs)
+
+    def reset(*args, **kwargs):
+        seen.append(("reset", torch.is_inference_mode_enabled()))
+        return real_reset(*args, **kwargs)
+
+    base.evaluate, base.reset = evaluate, reset
+    try:
+        env.reset(seed=5)
+        for t in range(10):  # the time limit (10) ends the episode: a same-step autoreset
+            obs = env.step(_actions(2, 1, seed=t)[0]).obs
+    finally:
+        base.evaluate, base.reset = real_evaluate, real_reset
+    assert {kind for kind, _ in seen} == {"step", "reset"}
+    assert all(mode for _, mode in seen), seen
+    assert not torch.is_inference_mode_enabled()
+    assert isinstance(obs, np.ndarray) and obs.flags.writeable

@@ -92,6 +92,7 @@ class NumpyMLPPolicy:
         )
         self.chunk = config.chunk
         self.activation = _ACTIVATIONS[config.activation]
+        self._sample = getattr(self, f"_sample_{self.head_kind}")  # feat -> (action, logprob)
         self.rng = np.random.default_rng([seed, 0x5EED])
         self.loaded = False
         self._actor: list[tuple[np.ndarray, np.ndarray]] = []
@@ -108,9 +109,11 @@ class NumpyMLPPolicy:
         if self.head_kind == "categorical":
             self._head = {"logits": _linear(weights, f"{head}.logits")}
         elif self.head_kind == "gaussian":
+            log_std = _array(weights, f"{head}.log_std")  # state-independent: its terms are computed once
             self._head = {
                 "mean": _linear(weights, f"{head}.mean"),
-                "log_std": _array(weights, f"{head}.log_std"),
+                "std": np.exp(log_std),
+                "log_norm": np.float32(-(log_std.sum() + log_std.size * _HALF_LOG_2PI)),
             }
         else:
             self._head = {
@@ -144,7 +147,7 @@ class NumpyMLPPolicy:
         """``obs -> (action, logprob[N], value[N])``, actions sampled from this policy's generator."""
         x = self._flat(obs)
         feat = self._body(x, self._actor)
-        action, logprob = getattr(self, f"_sample_{self.head_kind}")(feat)
+        action, logprob = self._sample(feat)
         return action, logprob, self.value(x)
 
     def _sample_categorical(self, feat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -161,15 +164,18 @@ class NumpyMLPPolicy:
         return action, (logprob.sum(-1) if self.chunk > 1 else logprob).astype(np.float32)
 
     def _gaussian(self, mean: np.ndarray, log_std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        log_std = np.broadcast_to(log_std, mean.shape)
-        u = mean + np.exp(log_std) * self.rng.standard_normal(mean.shape, dtype=np.float32)
-        z = (u - mean) * np.exp(-log_std)
+        """``u = mean + std * z`` and its log-density: ``-z^2 / 2 - log_std - log(2 pi) / 2`` summed."""
+        z = self.rng.standard_normal(mean.shape, dtype=np.float32)
+        u = mean + np.exp(log_std) * z
         return u, (-0.5 * z * z - log_std - _HALF_LOG_2PI).sum(-1)
 
     def _sample_gaussian(self, feat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The state-independent log_std's terms were summed at :meth:`load` (``log_norm``)."""
         w_t, b = self._head["mean"]
-        action, logprob = self._gaussian(feat @ w_t + b, self._head["log_std"])
-        return self._shaped(action), logprob.astype(np.float32)
+        z = self.rng.standard_normal((feat.shape[0], b.shape[0]), dtype=np.float32)
+        action = (feat @ w_t + b) + self._head["std"] * z
+        logprob = self._head["log_norm"] - 0.5 * (z * z).sum(-1)
+        return self._shaped(action), logprob.astype(np.float32, copy=False)
 
     def _sample_squashed_gaussian(self, feat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         (mw, mb), (sw, sb) = self._head["mean"], self._head["log_std"]
