@@ -20,13 +20,14 @@ import time
 import traceback
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import ray
 
 from rlinf_nb import tree
 from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm, install_algorithm
 from rlinf_nb.config import ConfigError, build, to_dict
-from rlinf_nb.run_config import RunConfig, live_params, resolve_key
+from rlinf_nb.run_config import PlacementConfig, RunConfig, live_params, resolve_key
 
 from .channel import Channel
 from .links import LinkDelays
@@ -104,13 +105,25 @@ class RunControllerImpl:
     """The loop and its state; wrapped as a Ray actor by :data:`RunController`."""
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
-                 algorithm: Algorithm | None = None, paused: bool = False):  # fmt: skip
+                 algorithm: bytes | None = None, paused: bool = False):  # fmt: skip
         self.created_at = time.perf_counter()
         self.name = name
         self.run_dir = RunDir(name)
-        if algorithm is not None:  # shipped by the client: may be defined in a notebook cell
-            install_algorithm(algorithm)
+        self.groups: dict[str, WorkerGroup | LocalWorkerGroup] = {}
+        self.claimed_robots: list[str] = []  # placement.env.robots, once claimed (released when the run ends)
+        # The env workers start first, from the config dict alone: their start overlaps the import of
+        # the algorithm (torch) below. What goes wrong there is raised by setup() (the run fails).
+        self.env_start_error: BaseException | None = None
+        self.placements = self._start_env_workers(config)
+        env_requested = time.perf_counter()
+        if algorithm is not None:  # shipped by the client (cloudpickled): may be defined in a notebook cell
+            install_algorithm(cloudpickle.loads(algorithm))
         self.cfg: RunConfig = build(RunConfig, config)
+        # setup_*_s of the start event: seconds from this __init__ (the env workers' start comes first)
+        self.setup_timings: dict[str, float] = {
+            "setup_env_requested_s": env_requested - self.created_at,
+            "setup_config_s": time.perf_counter() - self.created_at,  # the algorithm imported, config built
+        }
         self.algo: Algorithm = get_algorithm(self.cfg.algorithm)
         self.stages: list[Stage] = list(self.algo.stages)
         # placement.env_to_rollout: colocated -> no rollout workers; each env worker runs the policy itself
@@ -150,10 +163,8 @@ class RunControllerImpl:
         self.started_at = time.time()
         self.iter_started = time.perf_counter()
         self.resume = resume
-        self.groups: dict[str, WorkerGroup | LocalWorkerGroup] = {}
         self.channels: dict[str, Channel] = {}
         self.placement_info: list[dict[str, Any]] = []
-        self.claimed_robots: list[str] = []  # placement.env.robots, once claimed (released when the run ends)
         self.released = False
         self.worker_env_steps: collections.Counter = collections.Counter()  # env steps per env worker rank
         self.worker_episodes: collections.Counter = collections.Counter()  # episodes per env worker rank
@@ -165,7 +176,6 @@ class RunControllerImpl:
         )
         self.random_warmup_done = False  # algo.random_steps collected (the event is written once)
         self.env_incarnations: list[str | None] = []  # per env worker rank: which start of it (restarts)
-        self.setup_timings: dict[str, float] = {}  # setup_*_s: seconds from the controller's __init__
         self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
 
     # ------------------------------------------------------------------ logs
@@ -185,46 +195,46 @@ class RunControllerImpl:
 
     # ------------------------------------------------------------------ setup
 
+    def _start_env_workers(self, config: dict[str, Any]) -> dict[str, GroupPlacement]:
+        """Claim the robots, check the whole placement, start the env workers; the groups' placements.
+
+        Reads only the run's config dict (resolved by the client) and torch-free config classes, so it
+        runs before the algorithm is imported. A failure is kept in ``env_start_error`` for setup().
+        """
+        try:
+            p = build(PlacementConfig, config["placement"])
+            placements = group_placements(p)
+            # Robots first: a held or unknown robot fails here, naming it (and who holds it).
+            claim_robots(self.name, p.env.robots, run_alive=_run_alive, node_group=p.env.node_group)
+            self.claimed_robots = list(p.env.robots)
+            check_placement(placements)
+            colocated = p.env_to_rollout == "colocated"  # each env worker runs its own copy of the policy
+            self.groups["env"] = WorkerGroup(
+                "env", EnvWorker, placements["env"], (config["env"], config["seed"]),
+                {"record": _record_section(config["record"], self.run_dir),
+                 "compression": config["compression"], "robots": p.env.robots,
+                 **({"policy": config["policy"]} if colocated else {})},
+                max_restarts=3,
+            )  # fmt: skip
+            return placements
+        except Exception as exc:  # noqa: BLE001 - raised again by setup(), where a run's failures are reported
+            self.env_start_error = exc
+            return {}
+
     def setup(self) -> None:
         cfg = self.cfg
         t_setup = self.created_at  # the start event's setup_*_s count from the controller's __init__
-        timings = {"setup_begin_s": time.perf_counter() - t_setup}
+        timings = {**self.setup_timings, "setup_begin_s": time.perf_counter() - t_setup}
         if self.resume and self.run_dir.exists:
             self.metrics_rows = dedupe_steps(self.run_dir.metrics.read())
             self.event_rows = self.run_dir.events.read()
             self.random_warmup_done = any(r.get("kind") == "random_steps_done" for r in self.event_rows)
         elif not self.run_dir.exists:
             self.run_dir.create(to_dict(cfg))
+        if self.env_start_error is not None:
+            raise self.env_start_error
         p = cfg.placement
-        placements = {
-            "env": GroupPlacement(
-                p.env.num_workers,
-                p.env.num_cpus,
-                p.env.num_gpus,
-                p.env.node_group,
-                p.env.resources,
-                rank_resources(p.env.robots),  # worker i also asks for robot:<robots[i]>
-            ),  # fmt: skip
-            "rollout": None
-            if self.colocated
-            else GroupPlacement(
-                p.rollout.num_workers,
-                p.rollout.num_cpus,
-                p.rollout.num_gpus,
-                p.rollout.node_group,
-                p.rollout.resources,
-            ),  # fmt: skip
-            "actor": None
-            if p.learner == "controller"  # in this process: nothing to place
-            else GroupPlacement(
-                p.actor.num_workers, p.actor.num_cpus, p.actor.num_gpus, p.actor.node_group, p.actor.resources
-            ),  # fmt: skip
-        }
-        # Robots first: a held or unknown robot fails here, naming it (and who holds it).
-        claim_robots(self.name, p.env.robots, run_alive=_run_alive, node_group=p.env.node_group)
-        self.claimed_robots = list(p.env.robots)
-        placements = {k: v for k, v in placements.items() if v is not None}
-        check_placement(placements)
+        placements = self.placements
         n_env = p.env.num_workers
         links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
         # obs/actions channels only where actions travel through them (each channel is an actor to start)
@@ -243,12 +253,6 @@ class RunControllerImpl:
             self.event("links", env_to_rollout=p.env_to_rollout, **links.describe())
         env_dict = to_dict(cfg.env)
         policy_dict = to_dict(cfg.policy)
-        self.groups["env"] = WorkerGroup(
-            "env", EnvWorker, placements["env"], (env_dict, cfg.seed),
-            {"record": self._record_section(), "compression": to_dict(cfg.compression), "robots": p.env.robots,
-             **({"policy": policy_dict} if self.colocated else {})},
-            max_restarts=3,
-        )  # fmt: skip
         # The rollout and learner workers start now and read the spaces once env worker 0 has them.
         spaces = [self.groups["env"].actors[0].spaces.remote()]
         if not self.colocated:  # colocated: each env worker runs its own copy of the policy
@@ -288,14 +292,6 @@ class RunControllerImpl:
         self.sync_weights()
         timings["setup_s"] = time.perf_counter() - t_setup
         self.setup_timings = {k: round(v, 3) for k, v in timings.items()}
-
-    def _record_section(self) -> dict[str, Any] | None:
-        """The ``record:`` section for the env workers, its root resolved (default: ``<run dir>/data``)."""
-        rec = to_dict(self.cfg.record)
-        if not rec["enabled"]:
-            return None
-        rec["root"] = str(rec["root"] or self.run_dir.path / "data")
-        return rec
 
     def _close_recordings(self) -> None:
         """Finalize every env worker's open recording shard before the workers go (an event says what was kept)."""
@@ -901,6 +897,31 @@ class RunControllerImpl:
             }
 
 
+def group_placements(p: PlacementConfig) -> dict[str, GroupPlacement]:
+    """The worker groups a run places on the cluster: env, rollout (unless colocated), actor (unless the
+    learner lives in the controller)."""
+    placements = {
+        "env": GroupPlacement(p.env.num_workers, p.env.num_cpus, p.env.num_gpus, p.env.node_group,
+                              p.env.resources, rank_resources(p.env.robots)),  # worker i also asks for robot:<robots[i]>
+    }  # fmt: skip
+    if p.env_to_rollout != "colocated":
+        r = p.rollout
+        placements["rollout"] = GroupPlacement(
+            r.num_workers, r.num_cpus, r.num_gpus, r.node_group, r.resources
+        )
+    if p.learner != "controller":  # in the controller's process: nothing to place
+        a = p.actor
+        placements["actor"] = GroupPlacement(a.num_workers, a.num_cpus, a.num_gpus, a.node_group, a.resources)
+    return placements
+
+
+def _record_section(record: dict[str, Any], run_dir: RunDir) -> dict[str, Any] | None:
+    """The ``record:`` section for the env workers, its root resolved (default: ``<run dir>/data``)."""
+    if not record["enabled"]:
+        return None
+    return {**record, "root": str(record["root"] or run_dir.path / "data")}
+
+
 def _run_alive(run: str) -> bool:
     """Whether run ``run``'s controller actor exists (a robot claim of a gone run is stale)."""
     from .cluster import NAMESPACE
@@ -946,7 +967,7 @@ class RunController:
     """
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
-                 algorithm: Algorithm | None = None, paused: bool = False):  # fmt: skip
+                 algorithm: bytes | None = None, paused: bool = False):  # fmt: skip
         self.impl = RunControllerImpl(name, config, resume, algorithm, paused)
         self.last_call = time.time()
         self.impl.thread.start()

@@ -11,6 +11,7 @@ Data between them moves only through channels (see :mod:`.channel`):
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -457,14 +458,15 @@ class LearnerWorker(Worker):
         from rlinf_nb.run_config import policy_kwargs
 
         _set_torch_threads()
-        # torch's first optimizer imports torch._dynamo (over a second on a small CPU): import it now,
-        # while the env workers start, instead of in make_learner once the spaces are here
-        import torch._dynamo  # noqa: F401
+        # The controller passes the Algorithm itself (one defined in a notebook is not registered here).
+        self.algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)
+        # what the learner's first update would import (torch.optim: torch._dynamo, a second or more on
+        # a small CPU): imported now, while the env workers start, not once the spaces are here
+        for module in getattr(self.algo, "learner_imports", ()):
+            importlib.import_module(module)
 
         obs_space, action_space = resolve_spaces(spaces)  # after the imports: they overlap the env's start
         torch.manual_seed(seed)
-        # The controller passes the Algorithm itself (one defined in a notebook is not registered here).
-        self.algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)
         self.policy = make_policy(policy_cfg["name"], obs_space, action_space, **policy_kwargs(policy_cfg))
         self.learner = self.algo.make_learner(self.policy, algo_cfg, seed=seed)
         self.version = 0

@@ -132,6 +132,8 @@ def test_colocated_run_has_no_rollout_workers_and_matches_the_direct_path():
         np.testing.assert_array_equal(colocated[1][col].to_numpy(float), direct[1][col].to_numpy(float), col)
     start = colocated[0].events().iloc[0]
     assert start["kind"] == "start" and 0 < start["setup_env_s"] <= start["setup_s"]
+    # the env workers were asked for before the controller imported the algorithm (and torch)
+    assert 0 < start["setup_env_requested_s"] < start["setup_config_s"] <= start["setup_begin_s"]
 
 
 @pytest.mark.usefixtures("attached")

@@ -41,6 +41,10 @@ class Algorithm:
     # Runs policies with action chunks (policy.chunk > 1): its batches hold one transition per decision
     # (rlinf_nb.algorithms.chunks). Off: the run config refuses policy.chunk > 1.
     action_chunks: bool = False
+    # Modules the learner imports on its first update: the learner worker imports them while the env
+    # workers start. torch.optim's optimizers import torch._dynamo (a second or more on a small CPU);
+    # a learner on rlinf_nb.algorithms.adam.FusedAdam does not, and leaves this empty.
+    learner_imports: tuple[str, ...] = ("torch._dynamo",)
 
     def stage_names(self) -> list[str]:
         return [s.name for s in self.stages]
