@@ -110,6 +110,7 @@ class RunControllerImpl:
         self.name = name
         self.run_dir = RunDir(name)
         self.groups: dict[str, WorkerGroup | LocalWorkerGroup] = {}
+        self.channels: dict[str, Channel] = {}
         self.claimed_robots: list[str] = []  # placement.env.robots, once claimed (released when the run ends)
         # The env workers start first, from the config dict alone: their start overlaps the import of
         # the algorithm (torch) below. What goes wrong there is raised by setup() (the run fails).
@@ -163,7 +164,6 @@ class RunControllerImpl:
         self.started_at = time.time()
         self.iter_started = time.perf_counter()
         self.resume = resume
-        self.channels: dict[str, Channel] = {}
         self.placement_info: list[dict[str, Any]] = []
         self.released = False
         self.worker_env_steps: collections.Counter = collections.Counter()  # env steps per env worker rank
@@ -208,6 +208,9 @@ class RunControllerImpl:
             claim_robots(self.name, p.env.robots, run_alive=_run_alive, node_group=p.env.node_group)
             self.claimed_robots = list(p.env.robots)
             check_placement(placements)
+            self.channels = self._create_channels(
+                p, config["env"]["render_every"]
+            )  # boot with the env workers
             colocated = p.env_to_rollout == "colocated"  # each env worker runs its own copy of the policy
             self.groups["env"] = WorkerGroup(
                 "env", EnvWorker, placements["env"], (config["env"], config["seed"]),
@@ -220,6 +223,22 @@ class RunControllerImpl:
         except Exception as exc:  # noqa: BLE001 - raised again by setup(), where a run's failures are reported
             self.env_start_error = exc
             return {}
+
+    def _create_channels(self, p: PlacementConfig, render_every: int) -> dict[str, Channel]:
+        """The run's channels, each an actor to start: obs/actions only where actions travel through
+        them (``channel`` mode), frames only where the env workers render (``env.render_every``)."""
+        links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
+        per_step = ("obs", "actions") if p.env_to_rollout == "channel" else ()
+        channels = {
+            name: Channel.create(f"{self.name}/{name}", maxsize=2, link=links.channel_link(name))
+            for name in per_step
+        }
+        channels["trajectories"] = Channel.create(
+            f"{self.name}/trajectories", maxsize=2, link=links.channel_link("trajectories")
+        )
+        if render_every:
+            channels["frames"] = Channel.create(f"{self.name}/frames", maxsize=1, drop_oldest=True)
+        return channels
 
     def setup(self) -> None:
         cfg = self.cfg
@@ -237,18 +256,6 @@ class RunControllerImpl:
         placements = self.placements
         n_env = p.env.num_workers
         links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
-        # obs/actions channels only where actions travel through them (each channel is an actor to start)
-        per_step = ("obs", "actions") if p.env_to_rollout == "channel" else ()
-        self.channels = {
-            **{
-                name: Channel.create(f"{self.name}/{name}", maxsize=2, link=links.channel_link(name))
-                for name in per_step
-            },
-            "trajectories": Channel.create(
-                f"{self.name}/trajectories", maxsize=2, link=links.channel_link("trajectories")
-            ),
-            "frames": Channel.create(f"{self.name}/frames", maxsize=1, drop_oldest=True),
-        }
         if links.active():
             self.event("links", env_to_rollout=p.env_to_rollout, **links.describe())
         env_dict = to_dict(cfg.env)
@@ -370,7 +377,7 @@ class RunControllerImpl:
         warmup = {"random_actions": True} if transitions and self._in_random_warmup() else {}
         if self.colocated:
             env_fut = self.groups["env"].call(
-                "rollout_colocated", steps, ch["trajectories"], ch["frames"], transitions, chunk=chunk,
+                "rollout_colocated", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
                 weights=self.latest_weights, **warmup,
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["env"], "rollout_colocated", [])
@@ -381,7 +388,7 @@ class RunControllerImpl:
                 k: to_dict(v) for k, v in self.cfg.placement.links.active().items() if k != "trajectories"
             }
             env_fut = self.groups["env"].call(
-                "rollout_direct", steps, ch["trajectories"], ch["frames"], transitions, chunk=chunk,
+                "rollout_direct", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
                 rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
                 **({"links": direct} if direct else {}), **warmup,
             )  # fmt: skip
@@ -392,7 +399,7 @@ class RunControllerImpl:
             ch["obs"],
             ch["actions"],
             ch["trajectories"],
-            ch["frames"],
+            ch.get("frames"),
             transitions,
             chunk=chunk,
             **warmup,
