@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict, deque
+import uuid
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy as np
 import ray
 
 INLINE_BYTES = 100 * 1024
+MAX_PRODUCERS = 4096  # put-order counters a channel keeps (the least recently used go)
 
 
 class ChannelTimeout(TimeoutError):
@@ -118,6 +120,7 @@ class ChannelActor:
 
             self.link = LinkClock(link)
         self.queues: dict[Any, deque[_Envelope]] = defaultdict(deque)
+        self.next_put: OrderedDict[str, int] = OrderedDict()  # per producer: the number of its next put
         self.cond = asyncio.Condition()
         self.stats = {
             "puts": 0,
@@ -129,32 +132,58 @@ class ChannelActor:
             "get_wait_s": 0.0,
         }
 
-    async def put(self, key: Any, env: _Envelope, timeout: float | None, _after: Any = None) -> bool:
-        # ``_after`` is the caller's previous pipelined put: Ray resolves it before running this call,
-        # which is what keeps one producer's non-blocking puts in order (async actor calls may
-        # otherwise interleave).
+    async def put(self, key: Any, env: _Envelope, timeout: float | None,
+                  order: tuple[str, int] | None = None) -> bool:  # fmt: skip
+        """Queue ``env`` under ``key``; False when the key stayed full (or the turn never came) past ``timeout``.
+
+        ``order`` = (producer, n): the producer's n-th put runs after its (n-1)-th, so one producer's
+        pipelined puts keep their order (Ray does not order the calls of an async actor), without
+        making each put wait for the previous one's reply.
+        """
         t0 = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
         async with self.cond:
-            q = self.queues[key]
-            if self.drop_oldest:
-                while len(q) >= self.maxsize:
-                    q.popleft()
-                    self.stats["dropped"] += 1
-            else:
-                try:
-                    await asyncio.wait_for(self.cond.wait_for(lambda: len(q) < self.maxsize), timeout)
-                except TimeoutError:
-                    return False
-            if self.link is not None:  # link_delay_s / link_messages: the simulated delays so far
-                now = time.monotonic()
-                env.visible_at = self.link.deliver(now, env.nbytes)
-                self.stats["link_delay_s"] = self.stats.get("link_delay_s", 0.0) + env.visible_at - now
-                self.stats["link_messages"] = self.stats.get("link_messages", 0) + 1
-            q.append(env)
-            self.stats["puts"] += 1
-            self.stats["bytes_in"] += env.nbytes
-            self.stats["put_wait_s"] += time.perf_counter() - t0
-            self.cond.notify_all()
+            try:
+                if order is not None:
+                    await self._wait_until(lambda: self.next_put.get(order[0], 0) >= order[1], deadline)
+                if not self.drop_oldest:  # a full key holds its producer back (backpressure)
+                    q = self.queues[key]
+                    await self._wait_until(lambda: len(q) < self.maxsize, deadline)
+                return self._append(key, env, t0)
+            except TimeoutError:
+                return False
+            finally:
+                if order is not None:  # this turn is over (done or timed out): the producer's next may run
+                    self._advance(*order)
+
+    async def _wait_until(self, predicate: Any, deadline: float | None) -> None:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        await asyncio.wait_for(self.cond.wait_for(predicate), timeout)
+
+    def _advance(self, producer: str, n: int) -> None:
+        self.next_put[producer] = max(self.next_put.get(producer, 0), n + 1)
+        self.next_put.move_to_end(producer)
+        while len(self.next_put) > MAX_PRODUCERS:  # producers long gone (each Channel handle is one)
+            self.next_put.popitem(last=False)
+        self.cond.notify_all()
+
+    def _append(self, key: Any, env: _Envelope, t0: float) -> bool:
+        """Append ``env`` (dropping the oldest items of a full drop-oldest key); the caller holds the lock."""
+        q = self.queues[key]
+        if self.drop_oldest:
+            while len(q) >= self.maxsize:
+                q.popleft()
+                self.stats["dropped"] += 1
+        if self.link is not None:  # link_delay_s / link_messages: the simulated delays so far
+            now = time.monotonic()
+            env.visible_at = self.link.deliver(now, env.nbytes)
+            self.stats["link_delay_s"] = self.stats.get("link_delay_s", 0.0) + env.visible_at - now
+            self.stats["link_messages"] = self.stats.get("link_messages", 0) + 1
+        q.append(env)
+        self.stats["puts"] += 1
+        self.stats["bytes_in"] += env.nbytes
+        self.stats["put_wait_s"] += time.perf_counter() - t0
+        self.cond.notify_all()
         return True
 
     async def get_batch(self, keys: list, timeout: float | None) -> list[_Envelope] | None:
@@ -249,6 +278,9 @@ class Channel:
         self._actor = actor
         self.inline_bytes = inline_bytes
         self._inflight: list[ray.ObjectRef] = []
+        # this handle's puts are numbered: the channel runs them in that order (a pickled copy is a new producer)
+        self._producer = uuid.uuid4().hex
+        self._puts = 0
 
     @classmethod
     def create(
@@ -286,11 +318,10 @@ class Channel:
 
         With ``block=False`` the put is pipelined: it returns at once and the outcome of
         earlier non-blocking puts is checked on the next call (a put that timed out on a
-        full key raises then). Each pipelined put names the previous one as a dependency,
-        so Ray runs them in order: one producer's items keep their FIFO order.
+        full key raises then). Puts are numbered per handle and the channel runs them in
+        that order, so one producer's items keep their FIFO order.
         """
-        after = self._inflight[-1] if self._inflight else None
-        ref = self._actor.put.remote(key, self._envelope(item), timeout, after)
+        ref = self._actor.put.remote(key, self._envelope(item), timeout, self._next_order())
         if block:
             self._check_inflight(wait=True)
             if not ray.get(ref):
@@ -318,7 +349,12 @@ class Channel:
 
     def put_async(self, key: Any, item: Any, timeout: float | None = 60.0) -> ray.ObjectRef:
         """Like :meth:`put` but returns the call's future (``True`` when accepted)."""
-        return self._actor.put.remote(key, self._envelope(item), timeout)
+        return self._actor.put.remote(key, self._envelope(item), timeout, self._next_order())
+
+    def _next_order(self) -> tuple[str, int]:
+        order = (self._producer, self._puts)
+        self._puts += 1
+        return order
 
     def get(self, key: Any, timeout: float | None = 60.0, as_torch: bool = True) -> Any:
         return self.get_batch([key], timeout, as_torch)[0]

@@ -93,3 +93,19 @@ def test_get_many_takes_a_burst_in_order(channel):
     assert [int(a[0]) for a in got] == [0, 1, 2]
     with pytest.raises(ChannelTimeout):
         channel.get_many("burst", timeout=0.2)
+
+
+def test_pipelined_puts_keep_order_while_the_key_is_full(attached):
+    """Non-blocking puts that must wait for room (a slow consumer) still land in the order they were made."""
+    ch = Channel.create("test/pipe_full", maxsize=2)
+    try:
+        for i in range(40):
+            ch.put("p", i, block=False)
+        got = []
+        while len(got) < 40:
+            got += ch.get_many("p", max_items=3, timeout=30)
+        ch.flush()
+        assert got == list(range(40))
+        assert ch.metrics()["puts"] == 40
+    finally:
+        ch.kill()
