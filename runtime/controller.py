@@ -208,9 +208,8 @@ class RunControllerImpl:
             claim_robots(self.name, p.env.robots, run_alive=_run_alive, node_group=p.env.node_group)
             self.claimed_robots = list(p.env.robots)
             check_placement(placements)
-            self.channels = self._create_channels(
-                p, config["env"]["render_every"]
-            )  # boot with the env workers
+            # the channel actors boot alongside the env workers, so the first rollout need not wait for them
+            self.channels = self._create_channels(p, config["env"]["render_every"])
             colocated = p.env_to_rollout == "colocated"  # each env worker runs its own copy of the policy
             self.groups["env"] = WorkerGroup(
                 "env", EnvWorker, placements["env"], (config["env"], config["seed"]),
