@@ -22,7 +22,7 @@ from rlinf_nb.config import ConfigError
 from rlinf_nb.run_config import RunConfig
 
 NEW = ["sac_pendulum", "crossq_pendulum", "grpo_cartpole", "reinforcepp_cartpole",
-       "ppo_pushcube", "ppo_pickcube", "rlpd_pushcube"]  # fmt: skip
+       "ppo_pushcube", "ppo_pickcube", "ppo_peginsertion", "rlpd_pushcube"]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- fast: configs
@@ -97,6 +97,12 @@ SMOKE = {
         "env_workers": 1,
         "algo__rollout_steps": 16,
     },
+    "ppo_peginsertion": {
+        "budget__total_env_steps": 32,
+        "num_envs": 2,
+        "env_workers": 1,
+        "algo__rollout_steps": 16,
+    },
     "rlpd_pushcube": {
         "budget__total_env_steps": 96,
         "num_envs": 2,
@@ -109,7 +115,7 @@ SMOKE = {
 LOSSES = {"sac_pendulum": ["critic_loss", "actor_loss"], "crossq_pendulum": ["critic_loss", "actor_loss"],
           "grpo_cartpole": ["policy_loss"], "reinforcepp_cartpole": ["policy_loss"],
           "ppo_pushcube": ["policy_loss", "value_loss"], "ppo_pickcube": ["policy_loss", "value_loss"],
-          "rlpd_pushcube": ["critic_loss", "actor_loss"]}  # fmt: skip
+          "ppo_peginsertion": ["policy_loss", "value_loss"], "rlpd_pushcube": ["critic_loss", "actor_loss"]}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -203,26 +209,32 @@ def test_ppo_pushcube_learns():
     _learn("ppo_pushcube", "success_rate", 0.8, timeout=3000)
 
 
-# PickCube-v1 on two CPU cores: success needs millions of env steps (ManiSkill's GPU baselines); what a
-# few hundred thousand show is the dense reward climbing (NOTES.md, session 8: the normalised return of the
-# last 20 episodes went 3.3 -> 11.5 of 50 over 400k env steps, ~440 env-steps/s, success ~0).
-PICKCUBE_STEPS = 300_000
+# PickCube-v1 and PegInsertionSide-v1 on two CPU cores: success needs millions of env steps (ManiSkill's
+# GPU baselines); what a few hundred thousand show is the dense reward climbing. Measured (NOTES.md, session
+# 8), mean normalised return of the last 20 episodes: PickCube 3.3 -> 11.0 of 50 over 300k env steps
+# (~440 env-steps/s), PegInsertionSide 2.4 -> 5.2 of 100 over 250k (~210 env-steps/s); success ~0.
+DENSE_CLIMB = {  # recipe: (env steps, min ratio last-20 / first-10, min last-20 mean)
+    "ppo_pickcube": (300_000, 2.0, 7.0),
+    "ppo_peginsertion": (250_000, 1.5, 4.0),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.usefixtures("attached")
-def test_ppo_pickcube_improves_its_dense_return():
+@pytest.mark.parametrize("name", sorted(DENSE_CLIMB))
+def test_hard_maniskill_tasks_improve_their_dense_return(name):
     import rlinf_nb as rl
 
-    run = rl.launch("ppo_pickcube", name=f"learn_pickcube_{uuid.uuid4().hex[:6]}", linger_s=60,
-                    budget__total_env_steps=PICKCUBE_STEPS)  # fmt: skip
+    steps, ratio, floor = DENSE_CLIMB[name]
+    run = rl.launch(name, name=f"learn_{name}_{uuid.uuid4().hex[:6]}", linger_s=60,
+                    budget__total_env_steps=steps)  # fmt: skip
     st = run.wait(timeout=3000, progress=False)
     assert st["state"] == "finished", st["error"]
     returns = run.metrics()["episode_return_mean"].dropna()
     first, last = returns.head(10).mean(), returns.tail(20).mean()
-    print(f"\nppo_pickcube: return {first:.2f} -> {last:.2f} over {PICKCUBE_STEPS} env steps")
-    assert last >= 2 * first and last >= 7.0, returns.iloc[:: max(1, len(returns) // 12)]
+    print(f"\n{name}: return {first:.2f} -> {last:.2f} over {steps} env steps")
+    assert last >= ratio * first and last >= floor, returns.iloc[:: max(1, len(returns) // 12)]
 
 
 # env steps: RLPD's measured curve (NOTES.md, session 6) passes success 0.3 at ~3k and holds 0.35-0.65
