@@ -462,7 +462,7 @@ class LearnerWorker(Worker):
         self.algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)
         # what the learner's first update would import (torch.optim: torch._dynamo, a second or more on
         # a small CPU): imported now, while the env workers start, not once the spaces are here
-        for module in getattr(self.algo, "learner_imports", ()):
+        for module in self.algo.learner_imports:
             importlib.import_module(module)
 
         obs_space, action_space = resolve_spaces(spaces)  # after the imports: they overlap the env's start
