@@ -29,7 +29,7 @@ from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm, instal
 from rlinf_nb.config import ConfigError, build, to_dict
 from rlinf_nb.run_config import PlacementConfig, RunConfig, live_params, resolve_key
 
-from .channel import Channel
+from .channel import MAX_WAITERS, Channel
 from .links import LinkDelays
 from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
@@ -227,16 +227,20 @@ class RunControllerImpl:
         """The run's channels, each an actor to start: obs/actions only where actions travel through
         them (``channel`` mode), frames only where the env workers render (``env.render_every``)."""
         links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
+        # a waiting get or put holds one of a channel's call threads: one per worker, the controller's, an abort
+        waiters = max(MAX_WAITERS, p.env.num_workers + p.rollout.num_workers + 4)
         per_step = ("obs", "actions") if p.env_to_rollout == "channel" else ()
         channels = {
-            name: Channel.create(f"{self.name}/{name}", maxsize=2, link=links.channel_link(name))
+            name: Channel.create(f"{self.name}/{name}", 2, link=links.channel_link(name), max_waiters=waiters)
             for name in per_step
         }
         channels["trajectories"] = Channel.create(
-            f"{self.name}/trajectories", maxsize=2, link=links.channel_link("trajectories")
+            f"{self.name}/trajectories", 2, link=links.channel_link("trajectories"), max_waiters=waiters
         )
         if render_every:
-            channels["frames"] = Channel.create(f"{self.name}/frames", maxsize=1, drop_oldest=True)
+            channels["frames"] = Channel.create(
+                f"{self.name}/frames", 1, drop_oldest=True, max_waiters=waiters
+            )
         return channels
 
     def setup(self) -> None:

@@ -435,8 +435,7 @@ class RolloutWorker(Worker):
             msgs = obs_ch.get_batch(env_ranks, as_torch=False)
             if any(m.get(ABORT) for m in msgs):
                 return {"aborted": True}
-            for rank, reply in zip(env_ranks, self.server.answer(msgs), strict=True):
-                act_ch.put(rank, reply, block=False)
+            act_ch.put_many(list(zip(env_ranks, self.server.answer(msgs), strict=True)), block=False)
         act_ch.flush()
         return {"version": self.version}
 

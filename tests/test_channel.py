@@ -109,3 +109,76 @@ def test_pipelined_puts_keep_order_while_the_key_is_full(attached):
         assert ch.metrics()["puts"] == 40
     finally:
         ch.kill()
+
+
+def test_a_busy_producers_puts_share_calls(attached):
+    """Puts made while the producer's previous call is in flight go together in its next call (coalescing)."""
+    ch = Channel.create("test/coalesce", maxsize=2)
+    try:
+        for i in range(40):
+            ch.put("p", np.full(4, i), block=False)  # the key fills at once: the first calls wait in the channel
+        got = []
+        while len(got) < 40:  # nothing but these gets makes the queued puts go out (the producer's thread does)
+            got += ch.get_many("p", max_items=8, timeout=30, as_torch=False)
+        ch.flush()
+        assert [int(a[0]) for a in got] == list(range(40))
+        m = ch.metrics()
+        assert m["puts"] == 40 and m["put_calls"] <= 10  # one call per put would be 40
+    finally:
+        ch.kill()
+
+
+def test_put_many_lands_in_order_in_one_call(channel):
+    channel.put_many([("a", 1), ("b", 2), ("a", 3)])
+    assert channel.get_batch(["a", "b", "a"]) == [1, 2, 3]
+    assert channel.metrics()["put_calls"] == 1
+
+
+def test_a_refused_pipelined_put_raises_on_flush(channel):
+    for i in range(3):
+        channel.put("k", i)
+    channel.put("k", 99, timeout=0.2, block=False)  # the key stays full
+    with pytest.raises(ChannelTimeout, match="found their key full"):
+        channel.flush()
+    assert channel.get_many("k", max_items=10) == [0, 1, 2]
+
+
+def test_a_producer_runs_at_most_max_ahead_bytes_ahead(attached):
+    ch = Channel.create("test/ahead", maxsize=1, max_ahead_bytes=(5 << 20) // 2)  # 2.5 MB
+    item = np.zeros(1 << 20, np.uint8)  # 1 MB: through the object store
+    try:
+        ch.put("k", item)  # accepted: the key is full now
+        ch.put("k", item, block=False)  # in flight, waiting for room
+        ch.put("k", item, block=False)  # queued behind it: 2 MB ahead
+        with pytest.raises(ChannelTimeout, match="max_ahead_bytes"):
+            ch.put("k", item, timeout=0.5, block=False)  # 3 MB ahead would be too far
+        assert len(ch.get_many("k", timeout=5)) == 1
+        assert len(ch.get_many("k", timeout=5)) == 1  # the in-flight one, then the queued one
+        assert len(ch.get_many("k", timeout=5)) == 1
+        ch.flush()
+        assert ch.metrics()["puts"] == 3
+    finally:
+        ch.kill()
+
+
+def test_metrics_and_latest_answer_while_every_call_thread_waits(attached):
+    """Gets waiting on empty keys hold all the data threads; metrics/latest run on threads of their own."""
+    import ray
+
+    ch = Channel.create("test/waiters", maxsize=2, max_waiters=2)
+    try:
+        waiting = [ch._actor.get_many.remote(f"empty{i}", 1, 8) for i in range(2)]  # 8 s each
+        ray.wait(waiting, timeout=1)  # both are in the actor now, waiting
+        m = ray.get(ch.metrics_async(), timeout=5)  # behind the gets, it would come after 8 s
+        assert m["calls_max"] == 2
+        assert ray.get(ch._actor.latest.remote("empty0"), timeout=5) is None
+        assert ray.get(waiting, timeout=30) == [None, None]  # they time out, nothing was put
+    finally:
+        ch.kill()
+
+
+def test_bad_channel_sizes_are_refused(attached):
+    with pytest.raises(ValueError, match="max_waiters must be >= 2, got 1"):
+        Channel.create("test/bad", max_waiters=1)
+    with pytest.raises(ValueError, match="maxsize must be >= 1, got 0"):
+        Channel.create("test/bad", maxsize=0)
