@@ -140,6 +140,12 @@ class BudgetConfig:
     total_env_steps: int = param(200_000, doc="stop after this many env steps", range=(1, None))
     stop_metric: str | None = param(None, doc="metric that ends the run early when it reaches stop_value")
     stop_value: float | None = param(None, doc="threshold for stop_metric (>=)")
+    stop_min_episodes: int | None = param(
+        None,
+        doc="episodes that must have ended before stop_metric may end the run (None = metrics_window: "
+        "a full window, so a few lucky first episodes do not stop it)",
+        range=(0, None),
+    )
 
     def validate(self) -> None:
         if (self.stop_metric is None) != (self.stop_value is None):

@@ -171,9 +171,9 @@ class RunControllerImpl:
         self.resumed_from: int | None = None
         self.ended_at: float | None = None
         self._segment: tuple[Any, Any] | None = None  # off-policy: the collection segment in flight
-        self.latest_weights: tuple[list[Any], int] | None = (
-            None  # colocated: ([ref], version) of the last sync
-        )
+        # ([ref], version) of the last sync: colocated rollout calls carry it; rollout workers that Ray
+        # restarted (back at their initial weights) get it again before the next segment
+        self.latest_weights: tuple[list[Any], int] | None = None
         self.random_warmup_done = False  # algo.random_steps collected (the event is written once)
         self.env_incarnations: list[str | None] = []  # per env worker rank: which start of it (restarts)
         self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
@@ -378,6 +378,8 @@ class RunControllerImpl:
         decisions = check_chunk_steps(steps, chunk, "rollout steps")
         # off-policy warm-up: uniform random actions until algo.random_steps env steps are collected
         warmup = {"random_actions": True} if transitions and self._in_random_warmup() else {}
+        if not self.colocated:
+            self._resync_restarted_rollout_workers()
         if self.colocated:
             env_fut = self.groups["env"].call(
                 "rollout_colocated", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
@@ -414,6 +416,24 @@ class RunControllerImpl:
             ],
         )
         return env_fut, roll_fut
+
+    def _resync_restarted_rollout_workers(self) -> None:
+        """Send the last synced weights to rollout workers that do not have them, and record it.
+
+        A rollout worker that Ray restarted (killed, OOM) comes back with its initial weights: without
+        this it would act with them until the next sync, and an on-policy batch would mix two policies.
+        """
+        if self.latest_weights is None:
+            return
+        refs, version = self.latest_weights
+        group = self.groups["rollout"]
+        stale = [rank for rank, v in enumerate(group.call("weights_version").get(timeout=120)) if v < version]
+        if not stale:
+            return
+        for rank in stale:
+            group.call_one(rank, "set_weights", refs[0], version).get(timeout=120)
+        self.event("recovery", group="rollout", ranks=stale, action="weights_resent", version=version,
+                   note="rollout worker(s) restarted by Ray had lost the synced weights; sent again")  # fmt: skip
 
     def _in_random_warmup(self) -> bool:
         """Whether the next segment still belongs to ``algo.random_steps`` (an event marks its end)."""
@@ -593,8 +613,8 @@ class RunControllerImpl:
     def sync_weights(self) -> dict[str, Any]:
         weights, version = self.groups["actor"].call_one(0, "get_weights").get()[0]
         ref = ray.put(weights)
-        if self.colocated:
-            self.latest_weights = ([ref], version)  # every colocated rollout call carries it: loaded first
+        self.latest_weights = ([ref], version)
+        if self.colocated:  # every colocated rollout call carries the latest weights: loaded first
             # A collection in flight (off-policy) gets them now, parked and loaded before its next decision;
             # between on-policy rollouts the next rollout call brings them (one round trip fewer).
             in_flight = self._segment is not None
@@ -714,7 +734,8 @@ class RunControllerImpl:
         b = self.cfg.budget
         if self.env_steps >= b.total_env_steps:
             return True
-        if b.stop_metric and self.metrics_rows:
+        min_episodes = self.cfg.metrics_window if b.stop_min_episodes is None else b.stop_min_episodes
+        if b.stop_metric and self.metrics_rows and self.episodes >= min_episodes:
             value = self.metrics_rows[-1].get(b.stop_metric)
             if value is not None and value >= b.stop_value:
                 return True

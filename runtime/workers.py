@@ -428,6 +428,10 @@ class RolloutWorker(Worker):
     def set_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
         return self.server.set_weights(weights, version)
 
+    def weights_version(self) -> int:
+        """The version of the weights this worker acts with (-1: its initial ones)."""
+        return self.server.version
+
     def serve(self, num_steps: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel,
               value_round: bool = True) -> dict[str, Any]:  # fmt: skip
         """Answer ``num_steps`` observation rounds from ``env_ranks`` (+1 values-only round if ``value_round``)."""

@@ -199,6 +199,33 @@ def test_killed_colocated_env_worker_comes_back_with_weights():
     assert versions.min() >= before  # the restarted worker's policy copy was synced, not left at -1
 
 
+@pytest.mark.usefixtures("attached")
+def test_a_restarted_rollout_worker_gets_the_synced_weights_before_it_acts_again():
+    """Direct mode: SIGKILL the rollout worker between iterations; Ray restarts it with its initial
+    weights, and the controller sends the synced ones again before the next rollout (recorded)."""
+    import rlinf_nb as rl
+
+    cfg = small_ppo("direct", budget={"total_env_steps": 10**7, "stop_metric": None, "stop_value": None})
+    run = rl.launch(cfg, name=f"roll_kill_{uuid.uuid4().hex[:6]}", paused=True)
+    for _ in range(4):  # one whole iteration, stage by stage: its weights are synced as version 1
+        run.step()
+    assert run.status()["stage"] == "rollout" and run.status()["update_step"] == 1
+    (worker,) = run.health()["groups"]["rollout"]
+    os.kill(worker["pid"], signal.SIGKILL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(
+        h["alive"] and h["pid"] != worker["pid"] for h in run.health()["groups"]["rollout"]
+    ):
+        time.sleep(0.3)
+    run.step("rollout")
+    versions = run.batch().to_local(["versions"])["versions"]
+    events = run.events()
+    run.stop()
+    assert (versions == 1).all(), np.unique(versions)  # not one action from the restarted initial weights
+    resent = events[(events["kind"] == "recovery") & (events["group"] == "rollout")]
+    assert len(resent) == 1 and resent.iloc[0]["action"] == "weights_resent"
+
+
 def test_colocated_refuses_obs_compression():
     cfg = {"placement": {"env_to_rollout": "colocated"}, "compression": {"obs": {"enabled": True}}}
     with pytest.raises(ConfigError, match=r"compression\.obs\.enabled: got True; observations never leave"):

@@ -249,3 +249,16 @@ def test_finished_controller_frees_itself_after_linger_and_history_stays():
     assert again.stop()["state"] == "finished"  # stopping an ended run just reports it
     with pytest.raises(RuntimeError, match="no live controller"):
         again.pause()
+
+
+def test_stop_metric_waits_for_a_full_window_of_episodes():
+    """A stop threshold met by the first few episodes does not end the run before metrics_window episodes."""
+    always = {"budget__stop_metric": "episode_return_mean", "budget__stop_value": 0.0}  # any return meets it
+    full = rl.launch("ppo_cartpole", name=unique("stopwin"), metrics_window=60, **always)
+    full.wait(timeout=300)
+    m = full.metrics()
+    assert full.status()["state"] == "finished"
+    assert len(m) > 1 and m["episodes"].iloc[-1] >= 60 > m["episodes"].iloc[-2]
+    eager = rl.launch("ppo_cartpole", name=unique("stopnow"), budget__stop_min_episodes=0, **always)
+    eager.wait(timeout=300)
+    assert len(eager.metrics()) == 1  # the first row meets the threshold
