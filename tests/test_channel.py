@@ -115,10 +115,11 @@ def test_a_busy_producers_puts_share_calls(attached):
     """Puts made while the producer's previous call is in flight go together in its next call (coalescing)."""
     ch = Channel.create("test/coalesce", maxsize=2)
     try:
-        for i in range(40):
-            ch.put("p", np.full(4, i), block=False)  # the key fills at once: the first calls wait in the channel
+        for i in range(40):  # the key fills at once: the first calls wait in the channel
+            ch.put("p", np.full(4, i), block=False)
         got = []
-        while len(got) < 40:  # nothing but these gets makes the queued puts go out (the producer's thread does)
+        # nothing but these gets makes the queued puts go out (the producer's thread does)
+        while len(got) < 40:
             got += ch.get_many("p", max_items=8, timeout=30, as_torch=False)
         ch.flush()
         assert [int(a[0]) for a in got] == list(range(40))

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from rlinf_nb.config import ConfigError, param
 
+from .init_from import INIT_FROM_DOC, load_policy_from_run, newest_checkpoint_of_run
 from .registry import Algorithm, Stage, register_algorithm
 from .stages import sync_weights_stage
 
@@ -66,9 +67,7 @@ class BCConfig:
     lora_alpha: float = param(
         16.0, doc="LoRA scale numerator (the update is alpha / r * B A)", range=(0.0, None)
     )
-    init_from: str | None = param(
-        None, doc="start from this run's newest complete checkpoint (a run name or a run directory)"
-    )
+    init_from: str | None = param(None, doc=INIT_FROM_DOC)
 
     def validate(self) -> None:
         kind, _, arg = self.dataset.partition(":")
@@ -76,6 +75,8 @@ class BCConfig:
             raise ConfigError(
                 "dataset", self.dataset, "expected 'scripted:<n>' with n >= 1 episodes, or a path"
             )
+        if self.init_from:
+            newest_checkpoint_of_run(self.init_from, key="init_from")
 
 
 # ----------------------------------------------------------------------------- maths
@@ -128,19 +129,6 @@ def resolve_dataset(spec: str, env_cfg: dict[str, Any], seed: int = 0) -> Path:
     return merged if merged.exists() else merge(path, merged)
 
 
-def _policy_weights_of_run(run: str) -> dict[str, Tensor]:
-    """The plain policy weights in the newest complete checkpoint of ``run`` (a name or a directory)."""
-    from rlinf_nb.runtime.rundir import RunDir
-
-    path = Path(run).expanduser()
-    run_dir = RunDir(path.name, root=path.parent) if path.is_dir() else RunDir(run)
-    info = run_dir.latest_checkpoint()
-    if info is None:
-        raise ConfigError("algo.init_from", run, f"a run with a complete checkpoint (none in {run_dir.path})")
-    learner = run_dir.load_checkpoint(info)["learner"]
-    return learner["learner"].get("plain_policy") or learner["policy"]
-
-
 # ----------------------------------------------------------------------------- learner
 
 
@@ -152,7 +140,7 @@ class BCLearner:
 
         self.policy = policy
         if cfg.init_from:
-            policy.load_state_dict(_policy_weights_of_run(cfg.init_from))
+            load_policy_from_run(policy, cfg.init_from)
         if cfg.finetune == "lora":
             add_lora(policy, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
         params = [p for p in policy.parameters() if p.requires_grad]

@@ -12,6 +12,9 @@ Stages, run by the controller in order each iteration:
     the learner runs ``epochs`` passes of clipped-surrogate minibatch updates.
 ``sync_weights``
     the learner's new weights go to every rollout worker, with a version number.
+
+RL after SFT: ``init_from`` starts the policy from another run's checkpoint (a BC run, say), and
+``critic_warmup_updates`` trains only the value function for the first updates.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rlinf_nb.config import ConfigError, param
 
 from . import functional as F
 from .adam import FusedAdam
+from .init_from import INIT_FROM_DOC, load_policy_from_run, newest_checkpoint_of_run
 from .registry import Algorithm, Stage, register_algorithm
 from .stages import rollout_stage, sync_weights_stage
 
@@ -60,10 +64,19 @@ class PPOConfig:
     target_kl: float | None = param(
         None, doc="stop the epochs early when approx KL exceeds this", range=(0.0, None)
     )
+    init_from: str | None = param(None, doc=INIT_FROM_DOC + ", e.g. a BC run: RL fine-tuning after SFT")
+    critic_warmup_updates: int = param(
+        0,
+        doc="first updates that train only the value function, the policy held as it is (fine-tuning "
+        "a cloned policy: advantages from an untrained critic would pull it off what it learned)",
+        range=(0, None),
+    )
 
     def validate(self) -> None:
         if self.minibatch_size < 1:
             raise ConfigError("minibatch_size", self.minibatch_size, "must be >= 1")
+        if self.init_from:
+            newest_checkpoint_of_run(self.init_from, key="init_from")
 
 
 # ----------------------------------------------------------------------------- stages
@@ -99,10 +112,13 @@ class PPOLearner:
 
     def __init__(self, policy: torch.nn.Module, cfg: PPOConfig, seed: int = 0):
         self.policy = policy
+        if cfg.init_from:
+            load_policy_from_run(policy, cfg.init_from)
         # fused Adam: the same maths, about half the cost per step for small nets (bench/ppo_reference.py);
         # FusedAdam runs torch.optim.Adam(fused=True)'s kernel without importing torch._dynamo (start-up)
         self.optimizer = FusedAdam(policy.parameters(), lr=cfg.lr, eps=1e-5)
         self.generator = torch.Generator().manual_seed(seed)
+        self.updates = 0  # update calls so far (the critic warm-up counts them)
 
     def current_lr(self, cfg: PPOConfig, progress: float) -> float:
         if cfg.lr_schedule == "linear":
@@ -126,6 +142,8 @@ class PPOLearner:
             k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
         }
         epochs_run = 0
+        warmup = self.updates < cfg.critic_warmup_updates  # value loss only: no gradient reaches the actor
+        self.updates += 1
         for _ in range(cfg.epochs):
             perm = torch.randperm(n, generator=self.generator)
             for start in range(0, n - mb + 1, mb):
@@ -139,7 +157,7 @@ class PPOLearner:
                 )
                 vl = F.value_loss(values, old_values[idx], returns[idx], clip_eps=cfg.value_clip)
                 ent = F.entropy_bonus(entropy)
-                loss = pl.loss + cfg.vf_coef * vl - cfg.ent_coef * ent
+                loss = cfg.vf_coef * vl if warmup else pl.loss + cfg.vf_coef * vl - cfg.ent_coef * ent
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.max_grad_norm > 0:
@@ -154,15 +172,20 @@ class PPOLearner:
         var_ret = float(returns.var())
         explained = float("nan") if var_ret == 0 else 1.0 - float((returns - old_values).var()) / var_ret
         out = {k: float(np.mean(v)) if v else float("nan") for k, v in stats.items()}
-        out.update(lr=lr, epochs_run=epochs_run, explained_variance=explained)
+        out.update(lr=lr, epochs_run=epochs_run, explained_variance=explained, critic_warmup=float(warmup))
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "updates": self.updates,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+        self.updates = state.get("updates", 0)  # checkpoints written before the counter existed
 
 
 PPO = register_algorithm(
