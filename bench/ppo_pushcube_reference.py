@@ -61,6 +61,8 @@ WORKER_SEED_STRIDE = 10_007  # runtime/workers.py: EnvWorker seeds its envs from
 PPO_FIELDS = ("rollout_steps", "lr", "lr_schedule", "gamma", "gae_lambda", "epochs", "minibatch_size",
               "clip_eps", "clip_eps_high", "value_clip", "ent_coef", "vf_coef", "max_grad_norm",
               "normalize_advantages", "target_kl")  # fmt: skip
+# PPOConfig fields the loop does not implement: a config must leave them at their defaults.
+PPO_FIELDS_AT_DEFAULT = ("init_from", "critic_warmup_updates")
 
 
 @dataclass
@@ -143,6 +145,12 @@ class PushCubeSettings:
             raise ValueError(
                 f"policy.chunk: {cfg.policy.chunk}; the reference loop needs 1 (no action chunks)"
             )
+        for name in PPO_FIELDS_AT_DEFAULT:
+            default = type(cfg.algo).__dataclass_fields__[name].default
+            if getattr(cfg.algo, name) != default:
+                raise ValueError(
+                    f"algo.{name}: {getattr(cfg.algo, name)!r}; the reference loop needs {default!r}"
+                )
         if cfg.budget.stop_metric not in (None, "success_rate"):
             raise ValueError(
                 f"budget.stop_metric: {cfg.budget.stop_metric!r}; allowed values: 'success_rate', None"

@@ -57,12 +57,17 @@ def test_reference_defaults_are_the_recipe():
     assert from_recipe.target == 0.8 and from_recipe.window == 20
     # every PPOConfig field is either implemented by the loop or at its default
     cfg = resolve_config("ppo_pushcube")
-    assert {f.name for f in dataclasses.fields(cfg.algo)} == set(reference.PPO_FIELDS)
+    fields = {f.name for f in dataclasses.fields(cfg.algo)}
+    assert fields == set(reference.PPO_FIELDS) | set(reference.PPO_FIELDS_AT_DEFAULT)
 
 
 def test_reference_refuses_configs_it_does_not_implement():
     with pytest.raises(ValueError, match="policy.chunk"):
         reference.PushCubeSettings.from_run_config(resolve_config("ppo_pushcube", policy__chunk=2))
+    with pytest.raises(ValueError, match="algo.critic_warmup_updates"):
+        reference.PushCubeSettings.from_run_config(
+            resolve_config("ppo_pushcube", algo__critic_warmup_updates=3)
+        )
     with pytest.raises(ValueError, match="algorithm"):
         reference.PushCubeSettings.from_run_config(resolve_config("sac_pendulum"))
 
