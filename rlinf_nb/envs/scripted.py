@@ -9,6 +9,9 @@ reference for tests and a source of demonstrations for RLPD (``algo.demos: scrip
   cube's height and pushes the cube toward the goal.
 * ``PickCube-v1`` (same modes): open gripper over the cube, down, close, then carry the grasped
   cube to the goal (success in every one of 174 episodes of 16 seeded envs; ~18 steps each).
+* ``PegInsertionSide-v1`` (state obs, ``pd_ee_delta_pose``): grasp the peg from above, line it up with
+  the hole's axis in front of the box, push it in (34 of 40 episodes from seed 7, 20 of 20 from
+  seed 0; ~55-60 steps each).
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ import numpy as np
 
 from rlinf_nb.config import ConfigError
 
-__all__ = ["SCRIPTED_POLICIES", "demo_transitions", "pickcube_policy", "pushcube_policy", "scripted_episodes"]
+__all__ = [
+    "SCRIPTED_POLICIES",
+    "demo_transitions",
+    "peginsertion_policy",
+    "pickcube_policy",
+    "pushcube_policy",
+    "scripted_episodes",
+]
 
 # PushCube-v1 state layout (35 dims): qpos 0:9, qvel 9:18, tcp pose 18:25, goal pos 25:28, cube pose 28:35.
 _TCP, _GOAL, _CUBE = slice(18, 21), slice(25, 28), slice(28, 31)
@@ -83,10 +93,85 @@ def pickcube_policy(obs: np.ndarray, gain: float = 10.0) -> np.ndarray:
     return action
 
 
+# PegInsertionSide-v1 state layout (43 dims): qpos 0:9, qvel 9:18, tcp pose 18:25, peg pose 25:32, peg half
+# size 32:35 (half length, radius, radius), box hole pose 35:42 (x: the hole's axis), hole radius 42.
+_TOP_DOWN = np.array([0.0, 1.0, 0.0, 0.0])  # the TCP pointing down with its x along the world's (pi about x)
+_STANDOFF = 0.04  # the peg's head lines up this far in front of the hole before going in (m)
+
+
+def peginsertion_policy(obs: np.ndarray) -> np.ndarray:
+    """Actions ``float32 [N, 7]`` (``pd_ee_delta_pose``: TCP delta xyz, delta rotation, gripper) for
+    PegInsertionSide state obs ``[N, 43]``.
+
+    Stateless: grasp the peg from above, halfway between its centre and its tail, fingers across it; once
+    held, move it so that it lies on the hole's axis with the hole's orientation, its head ``_STANDOFF``
+    in front of the box, and push it in 12 mm per step while it stays on the axis (it backs out to line
+    up again when it does not). The peg-in-TCP pose is read from each observation, so a peg that slipped
+    in the fingers is still steered right. Gains above 1 offset the arm controller's lag (it covers about
+    40% of a commanded delta per step); holes have 3 mm of clearance.
+    """
+    from . import quaternion as Q
+
+    obs = np.asarray(obs, dtype=np.float64).reshape(-1, 43)
+    n = len(obs)
+    tcp_p, tcp_q, peg_p, peg_q = obs[:, 18:21], obs[:, 21:25], obs[:, 25:28], obs[:, 28:32]
+    half_len, hole_p, hole_q, radius = obs[:, 32], obs[:, 35:38], obs[:, 38:42], obs[:, 42]
+    width = obs[:, 7] + obs[:, 8]  # between the fingers
+    peg_x, hole_x = Q.rotate(peg_q, [1.0, 0.0, 0.0]), Q.rotate(hole_q, [1.0, 0.0, 0.0])
+
+    # grasp from above: TCP over the grasp point and turned to it, then down, then close
+    grasp_p = peg_p - peg_x * (0.5 * half_len)[:, None]
+    yaw = np.arctan2(peg_x[:, 1], peg_x[:, 0])
+    tcp_x = Q.rotate(tcp_q, [1.0, 0.0, 0.0])
+    yaw = np.where(tcp_x[:, 0] * np.cos(yaw) + tcp_x[:, 1] * np.sin(yaw) < 0, yaw + np.pi, yaw)  # nearer way
+    grasp_q = Q.mul(Q.yaw_quat(yaw), np.broadcast_to(_TOP_DOWN, (n, 4)))
+    off = tcp_p - peg_p
+    off_axis = np.linalg.norm(off - (off * peg_x).sum(1, keepdims=True) * peg_x, axis=1)
+    holding = (off_axis < radius + 0.01) & (width < 2 * radius + 0.006)
+    over = (np.linalg.norm(tcp_p[:, :2] - grasp_p[:, :2], axis=1) < 0.008) & (
+        Q.angle(Q.mul(grasp_q, Q.conj(tcp_q))) < 0.08
+    )
+    at_grasp = np.linalg.norm(tcp_p - grasp_p, axis=1) < 0.01
+    target_p = np.where(over[:, None], grasp_p, grasp_p + [0.0, 0.0, 0.06])
+
+    # held: the peg onto the hole's axis and orientation, then in
+    rel_q = Q.mul(Q.conj(tcp_q), peg_q)  # the peg in the TCP's frame
+    rel_p = Q.rotate(Q.conj(tcp_q), peg_p - tcp_p)
+    seated = hole_p - hole_x * half_len[:, None]  # the peg's centre with its head at the hole's centre
+    d = peg_p - seated
+    along = (d * hole_x).sum(1)
+    lateral = np.linalg.norm(d - along[:, None] * hole_x, axis=1)
+    tilt = Q.angle(Q.mul(hole_q, Q.conj(peg_q)))
+    start = -(half_len + _STANDOFF)
+    head_in = ((peg_p + peg_x * half_len[:, None] - hole_p) * hole_x).sum(1) > -(half_len + 0.003)
+    inserting = (
+        ((lateral < 0.0015) & (tilt < 0.012))
+        | ((along > start + 0.004) & (lateral < 0.003) & (tilt < 0.04))  # on its way in: a looser band
+        | (head_in & (lateral < 0.004))
+    )
+    peg_target = seated + hole_x * np.where(inserting, np.minimum(along + 0.012, 0.02), start)[:, None]
+    hold_q = Q.mul(hole_q, Q.conj(rel_q))
+    hold_p = peg_target - Q.rotate(hold_q, rel_p)
+    target_p = np.where(holding[:, None], hold_p, target_p)
+    target_q = np.where(holding[:, None], hold_q, grasp_q)
+
+    gain = np.where(holding, np.where(inserting, 2.0, 2.5), 1.0)[:, None]
+    action = np.zeros((n, 7), np.float32)
+    action[:, :3] = np.clip(gain * (target_p - tcp_p) / 0.1, -1.0, 1.0)  # an action of 1 is 0.1 m
+    # an action of 1 is 0.1 rad; measured: a positive one turns the TCP the negative way about that world axis
+    action[:, 3:6] = np.clip(-gain * Q.rotvec(Q.mul(target_q, Q.conj(tcp_q))) / 0.1, -1.0, 1.0)
+    action[:, 6] = np.where(at_grasp | holding, -1.0, 1.0)
+    return action
+
+
 SCRIPTED_POLICIES: dict[str, tuple[Callable[[np.ndarray], np.ndarray], dict[str, Any]]] = {
     # env id -> (policy, env kwargs it needs)
     "maniskill:PushCube-v1": (pushcube_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pos"}),
     "maniskill:PickCube-v1": (pickcube_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pos"}),
+    "maniskill:PegInsertionSide-v1": (
+        peginsertion_policy,
+        {"obs_mode": "state", "control_mode": "pd_ee_delta_pose"},
+    ),
 }
 
 
