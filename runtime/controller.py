@@ -378,14 +378,13 @@ class RunControllerImpl:
         decisions = check_chunk_steps(steps, chunk, "rollout steps")
         # off-policy warm-up: uniform random actions until algo.random_steps env steps are collected
         warmup = {"random_actions": True} if transitions and self._in_random_warmup() else {}
-        if not self.colocated:
-            self._resync_restarted_rollout_workers()
         if self.colocated:
             env_fut = self.groups["env"].call(
                 "rollout_colocated", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
                 weights=self.latest_weights, **warmup,
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["env"], "rollout_colocated", [])
+        self._resync_restarted_rollout_workers()
         if self.cfg.placement.env_to_rollout == "direct":
             policies = self.groups["rollout"].actors
             n_roll = len(policies)
