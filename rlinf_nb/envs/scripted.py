@@ -23,6 +23,8 @@ import numpy as np
 
 from rlinf_nb.config import ConfigError
 
+from . import quaternion as Q
+
 __all__ = [
     "SCRIPTED_POLICIES",
     "demo_transitions",
@@ -110,8 +112,6 @@ def peginsertion_policy(obs: np.ndarray) -> np.ndarray:
     in the fingers is still steered right. Gains above 1 offset the arm controller's lag (it covers about
     40% of a commanded delta per step); holes have 3 mm of clearance.
     """
-    from . import quaternion as Q
-
     obs = np.asarray(obs, dtype=np.float64).reshape(-1, 43)
     n = len(obs)
     tcp_p, tcp_q, peg_p, peg_q = obs[:, 18:21], obs[:, 21:25], obs[:, 25:28], obs[:, 28:32]
