@@ -43,12 +43,16 @@ def resolve_config(config_or_recipe: str | Mapping[str, Any] | RunConfig, **over
         raise TypeError(
             f"launch() takes a recipe name, a dict or a RunConfig, not {type(config_or_recipe).__name__}"
         )
-    expanded = {ALIASES.get(k, k): v for k, v in overrides.items()}
     # Start from the defaults as a dict, so a partial section (placement.actor.node_group only) keeps
     # the section's own defaults (the actor's num_cpus) rather than the generic field defaults.
     defaults = {k: v for k, v in to_dict(RunConfig()).items() if k != "algo"}
-    merged = deep_merge(deep_merge(defaults, base), nest_dotted(expanded))
+    merged = deep_merge(deep_merge(defaults, base), nested_overrides(overrides))
     return build(RunConfig, merged)
+
+
+def nested_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``launch``'s keyword overrides (``algo__lr``, ``budget.total_env_steps``, aliases) as a nested dict."""
+    return nest_dotted({ALIASES.get(k, k): v for k, v in overrides.items()})
 
 
 def _default_name(cfg: RunConfig) -> str:
@@ -64,7 +68,8 @@ def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | No
     Args:
         config_or_recipe: a packaged recipe name (``rl.recipes.names()``), a dict or a RunConfig.
         name: the run's name (its directory under ``runs/``); default: algorithm_env_timestamp.
-        resume: continue the existing run ``name`` from its newest complete checkpoint.
+        resume: continue the existing run ``name`` from its newest complete checkpoint; ``overrides``
+            apply on top of the config saved with it (``budget__total_env_steps=...`` extends a run).
         paused: set the run up, then wait before its first stage (``run.step()`` from the very first
             rollout, or ``run.resume()``).
         **overrides: config values, e.g. ``num_envs=16``, ``seed=1``, ``algo__lr=3e-4``.
@@ -84,6 +89,9 @@ def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | No
         cfg = resolve_config(saved, **overrides)
     else:
         cfg = resolve_config(config_or_recipe, **overrides)
+        check_at_launch = getattr(cfg.algo, "check_at_launch", None)  # e.g. algo.init_from has a checkpoint
+        if check_at_launch is not None:
+            check_at_launch()
         name = name or _default_name(cfg)
         if RunDir(name).exists:
             raise ValueError(f"a run named {name!r} already exists; pick another name or pass resume=True")
@@ -99,7 +107,8 @@ def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | No
         _wait_gone(name)
     algorithm = _shippable_algorithm(cfg.algorithm)
     RunController.options(name=actor_name(name), namespace=cluster.NAMESPACE, lifetime="detached",
-                          max_restarts=0).remote(name, to_dict(cfg), resume, algorithm, paused)  # fmt: skip
+                          max_restarts=0).remote(name, to_dict(cfg), resume, algorithm, paused,
+                                                 nested_overrides(overrides) if resume else None)  # fmt: skip
     run = Run(name)
     run._wait_started()
     return run

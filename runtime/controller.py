@@ -25,8 +25,9 @@ import numpy as np
 import ray
 
 from rlinf_nb import tree
+from rlinf_nb.algorithms.init_from import for_restore, newest_checkpoint_of_run
 from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm, install_algorithm
-from rlinf_nb.config import ConfigError, build, to_dict
+from rlinf_nb.config import ConfigError, build, deep_merge, to_dict
 from rlinf_nb.run_config import PlacementConfig, RunConfig, live_params, resolve_key
 
 from .channel import MAX_WAITERS, Channel
@@ -105,7 +106,10 @@ class RunControllerImpl:
     """The loop and its state; wrapped as a Ray actor by :data:`RunController`."""
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
-                 algorithm: bytes | None = None, paused: bool = False):  # fmt: skip
+                 algorithm: bytes | None = None, paused: bool = False,
+                 resume_overrides: dict[str, Any] | None = None):  # fmt: skip
+        """``resume_overrides``: the nested overrides a ``resume=True`` launch was given; they apply on top
+        of the restored checkpoint's config (which carries the live changes made before it was saved)."""
         self.created_at = time.perf_counter()
         self.name = name
         self.run_dir = RunDir(name)
@@ -164,6 +168,7 @@ class RunControllerImpl:
         self.started_at = time.time()
         self.iter_started = time.perf_counter()
         self.resume = resume
+        self.resume_overrides = resume_overrides or {}
         self.placement_info: list[dict[str, Any]] = []
         self.released = False
         self.worker_env_steps: collections.Counter = collections.Counter()  # env steps per env worker rank
@@ -268,7 +273,7 @@ class RunControllerImpl:
         if not self.colocated:  # colocated: each env worker runs its own copy of the policy
             self.groups["rollout"] = WorkerGroup("rollout", RolloutWorker, placements["rollout"],
                                                  (policy_dict, spaces, cfg.seed), max_restarts=3)  # fmt: skip
-        learner_args = (self.algo, cfg.algo, policy_dict, spaces, cfg.seed)
+        learner_args = (self.algo, self._learner_start_config(cfg.algo), policy_dict, spaces, cfg.seed)
         if p.learner == "controller":  # built here, its imports overlapping the env workers' start
             try:
                 self.groups["actor"] = LocalWorkerGroup("actor", LearnerWorker, learner_args)
@@ -303,6 +308,20 @@ class RunControllerImpl:
         timings["setup_s"] = time.perf_counter() - t_setup
         self.setup_timings = {k: round(v, 3) for k, v in timings.items()}
 
+    def _learner_start_config(self, algo_cfg: Any) -> Any:
+        """``algo_cfg`` as the learner is built with: a run restoring its own checkpoint skips ``init_from``.
+
+        So resuming a fine-tune never reads (or needs) the run it started from; a fresh start records
+        which checkpoint of that run it loads (event ``init_from``).
+        """
+        if not getattr(algo_cfg, "init_from", None):
+            return algo_cfg
+        if self.resume and self.run_dir.latest_checkpoint() is not None:
+            return for_restore(algo_cfg)
+        _, source = newest_checkpoint_of_run(algo_cfg.init_from)
+        self.event("init_from", run=algo_cfg.init_from, checkpoint=source.path.name, from_step=source.step)
+        return algo_cfg
+
     def _close_recordings(self) -> None:
         """Finalize every env worker's open recording shard before the workers go (an event says what was kept)."""
         if not self.cfg.record.enabled or "env" not in self.groups or self.recordings_closed:
@@ -331,13 +350,14 @@ class RunControllerImpl:
         self.returns_window.extend(state["returns_window"])
         self.lengths_window.extend(state["lengths_window"])
         self.success_window.extend(state.get("success_window", []))
-        if state.get("config"):
-            self.cfg = build(RunConfig, state["config"])
+        if state.get("config"):  # the live changes made before the checkpoint, then this launch's overrides
+            self.cfg = build(RunConfig, deep_merge(state["config"], self.resume_overrides))
         np.random.set_state(state["numpy_rng"])
         dropped = sum(1 for r in self.metrics_rows if r["step"] > self.update_step)
         self.metrics_rows = [r for r in self.metrics_rows if r["step"] <= self.update_step]
         self.resumed_from = info.step
-        self.event("resume", checkpoint=info.path.name, from_step=info.step, discarded_rows=dropped)
+        self.event("resume", checkpoint=info.path.name, from_step=info.step, discarded_rows=dropped,
+                   overrides=self.resume_overrides)  # fmt: skip
 
     # ------------------------------------------------------------------ stage context services
 
@@ -997,8 +1017,9 @@ class RunController:
     """
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
-                 algorithm: bytes | None = None, paused: bool = False):  # fmt: skip
-        self.impl = RunControllerImpl(name, config, resume, algorithm, paused)
+                 algorithm: bytes | None = None, paused: bool = False,
+                 resume_overrides: dict[str, Any] | None = None):  # fmt: skip
+        self.impl = RunControllerImpl(name, config, resume, algorithm, paused, resume_overrides)
         self.last_call = time.time()
         self.impl.thread.start()
         threading.Thread(target=self._linger_watch, name=f"linger-{name}", daemon=True).start()

@@ -4,12 +4,14 @@ policy off what it learned."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from rlinf_nb.runtime.rundir import RunDir
 
 from rlinf_nb.algorithms.ppo import PPOConfig, PPOLearner
 from rlinf_nb.client import resolve_config
@@ -60,17 +62,19 @@ def test_critic_warmup_trains_only_the_value_function_then_the_policy_too():
     assert again.updates == 3 and again.update(_batch(policy, seed=3), cfg, 0.0)["critic_warmup"] == 0.0
 
 
-def test_init_from_a_run_without_a_checkpoint_fails_at_config_time(tmp_path):
+def test_init_from_a_run_without_a_checkpoint_fails_at_launch_only(tmp_path):
+    """The check belongs to the launch of a new run: rebuilding the config (a live change, a resume) does not
+    need the source run any more, so a deleted source run does not break those."""
+    missing = f"no-such-run-{uuid.uuid4().hex[:6]}"
+    cfg = resolve_config("ppo_cartpole", algo__init_from=missing)  # what set_hparams and resume rebuild
     with pytest.raises(ConfigError, match=r"algo\.init_from.*no such run"):
-        resolve_config("ppo_cartpole", algo__init_from=f"no-such-run-{uuid.uuid4().hex[:6]}")
+        cfg.algo.check_at_launch()
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=r"algo\.init_from.*none complete"):
-        resolve_config("bc_pushcube", algo__init_from=str(tmp_path / "empty"))
+        resolve_config("bc_pushcube", algo__init_from=str(tmp_path / "empty")).algo.check_at_launch()
 
 
 def _checkpoint_policy(name):
-    from rlinf_nb.runtime.rundir import RunDir
-
     run_dir = RunDir(name)
     return run_dir.load_checkpoint(run_dir.latest_checkpoint())["learner"]["policy"]
 
@@ -103,3 +107,21 @@ def test_ppo_fine_tunes_a_bc_run_policy_on_the_cluster(attached):
         RuntimeError, match=r"algo\.init_from.*architecture"
     ):  # CartPole's policy is another shape
         rl.launch("ppo_cartpole", name=f"bad-{uuid.uuid4().hex[:6]}", algo__init_from=bc.name)
+    with pytest.raises(ConfigError, match=r"algo\.init_from.*no such run"):  # refused in the client
+        rl.launch(
+            "ppo_cartpole", name=f"bad-{uuid.uuid4().hex[:6]}", algo__init_from=f"gone-{uuid.uuid4().hex[:6]}"
+        )
+    events = ppo.events()
+    start = events[events["kind"] == "init_from"].iloc[0]
+    assert start["run"] == bc.name and start["checkpoint"] == RunDir(bc.name).latest_checkpoint().path.name
+
+    # The source run may go once the fine-tune has its own checkpoint: resume and live changes do not read it.
+    shutil.rmtree(RunDir(bc.name).path)
+    again = rl.launch(None, name=ppo.name, resume=True, paused=True, budget__total_env_steps=128)
+    assert again.set_hparams(lr=1e-4) == {"algo.lr": 1e-4}  # validated against the whole config
+    again.resume()
+    again.wait(timeout=300)
+    assert again.status()["state"] == "finished", again.status().get("error")
+    kinds = again.events()["kind"].tolist()
+    assert kinds.count("init_from") == 1 and "resume" in kinds and "hparams" in kinds  # not started over
+    assert again.metrics()["step"].tolist() == [1, 2]

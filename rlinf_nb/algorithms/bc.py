@@ -35,7 +35,7 @@ from torch import Tensor
 
 from rlinf_nb.config import ConfigError, param
 
-from .init_from import INIT_FROM_DOC, load_policy_from_run, newest_checkpoint_of_run
+from .init_from import INIT_FROM_DOC, StartsFromRun, load_policy_from_run
 from .registry import Algorithm, Stage, register_algorithm
 from .stages import sync_weights_stage
 
@@ -45,7 +45,7 @@ LOSSES = ("nll", "mse")
 
 
 @dataclass
-class BCConfig:
+class BCConfig(StartsFromRun):
     """Hyperparameters of behaviour cloning (``live`` ones can change mid-run with ``set_hparams``)."""
 
     dataset: str = param(
@@ -75,8 +75,6 @@ class BCConfig:
             raise ConfigError(
                 "dataset", self.dataset, "expected 'scripted:<n>' with n >= 1 episodes, or a path"
             )
-        if self.init_from:
-            newest_checkpoint_of_run(self.init_from, key="init_from")
 
 
 # ----------------------------------------------------------------------------- maths

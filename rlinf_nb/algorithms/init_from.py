@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from rlinf_nb.config import ConfigError
+
+if TYPE_CHECKING:  # the controller imports this module and must not import torch for it
+    import torch
+    from torch import Tensor
 
 INIT_FROM_DOC = "start the policy from this run's newest complete checkpoint (a run name or a run directory)"
 
@@ -16,8 +18,8 @@ INIT_FROM_DOC = "start the policy from this run's newest complete checkpoint (a 
 def newest_checkpoint_of_run(run: str, key: str = "algo.init_from") -> tuple[Any, Any]:
     """``(RunDir, CheckpointInfo)`` of ``run``'s newest complete checkpoint; a config error (on ``key``) if none.
 
-    Config sections call it from ``validate`` (``key="init_from"``, relative to the section) so a launch
-    with a wrong ``init_from`` fails in the client, before anything starts on the cluster.
+    :meth:`StartsFromRun.check_at_launch` calls it in the client when a new run is launched, so a wrong
+    ``init_from`` fails before anything starts on the cluster.
     """
     from rlinf_nb.runtime.rundir import RunDir
 
@@ -30,6 +32,31 @@ def newest_checkpoint_of_run(run: str, key: str = "algo.init_from") -> tuple[Any
             key, run, f"a run (name or directory) with a complete checkpoint ({found} in {run_dir.path})"
         )
     return run_dir, info
+
+
+class StartsFromRun:
+    """For algorithm config sections with an ``init_from`` field: the check a new run makes at launch.
+
+    Only at launch: a resumed run restores its own checkpoint and a live change (``set_hparams``) keeps its
+    policy, so neither needs the source run any more (it may have been deleted since).
+    """
+
+    init_from: str | None
+
+    def check_at_launch(self) -> None:
+        """A config error (``algo.init_from``) unless the source run has a complete checkpoint."""
+        if self.init_from:
+            newest_checkpoint_of_run(self.init_from)
+
+
+def for_restore(algo_cfg: Any) -> Any:
+    """``algo_cfg`` for a learner about to load its own run's checkpoint: without ``init_from``.
+
+    The checkpoint replaces the policy anyway, so the source run is neither read nor needed.
+    """
+    if getattr(algo_cfg, "init_from", None):
+        return dataclasses.replace(algo_cfg, init_from=None)
+    return algo_cfg
 
 
 def policy_weights_of_run(run: str) -> dict[str, Tensor]:

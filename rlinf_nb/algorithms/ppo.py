@@ -30,13 +30,13 @@ from rlinf_nb.config import ConfigError, param
 
 from . import functional as F
 from .adam import FusedAdam
-from .init_from import INIT_FROM_DOC, load_policy_from_run, newest_checkpoint_of_run
+from .init_from import INIT_FROM_DOC, StartsFromRun, load_policy_from_run
 from .registry import Algorithm, Stage, register_algorithm
 from .stages import rollout_stage, sync_weights_stage
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(StartsFromRun):
     """Hyperparameters of PPO (``live`` ones can change mid-run with ``set_hparams``)."""
 
     rollout_steps: int = param(32, doc="env steps per env per iteration (T)", range=(1, 100_000))
@@ -75,8 +75,6 @@ class PPOConfig:
     def validate(self) -> None:
         if self.minibatch_size < 1:
             raise ConfigError("minibatch_size", self.minibatch_size, "must be >= 1")
-        if self.init_from:
-            newest_checkpoint_of_run(self.init_from, key="init_from")
 
 
 # ----------------------------------------------------------------------------- stages
