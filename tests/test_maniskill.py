@@ -223,3 +223,37 @@ def test_maniskill_runs_without_autograd(state_env):
     assert all(mode for _, mode in seen), seen
     assert not torch.is_inference_mode_enabled()
     assert isinstance(obs, np.ndarray) and obs.flags.writeable
+
+
+def test_physx_cuda_without_a_gpu_is_refused_by_name_and_auto_falls_back_to_cpu():
+    from rlinf_nb.envs.maniskill import _resolve_backend
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match=r"physx_cuda.*needs a CUDA GPU.*physx_cpu"):
+        make_env(ENV, num_envs=2, sim_backend="physx_cuda")
+    assert _resolve_backend("auto") == "physx_cpu"
+
+
+def test_a_missing_physx_gpu_library_says_where_it_goes(monkeypatch, tmp_path):
+    """SAPIEN downloads libPhysXGpu_64.so from GitHub on first GPU use; offline (this workplace, many lab
+    clusters) that fails with a bare network error. We say what to fetch and where it goes; ``auto`` then
+    warns and simulates on the CPU, an explicit ``physx_cuda`` raises."""
+    import requests
+    import sapien.physx
+
+    from rlinf_nb.envs.maniskill import _resolve_backend
+
+    def offline(*args, **kwargs):
+        raise requests.ConnectionError("could not resolve host github.com")
+
+    monkeypatch.setattr(requests, "get", offline)
+    monkeypatch.setenv("HOME", str(tmp_path))  # SAPIEN keeps the library under ~/.sapien/physx/<version>
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    folder = tmp_path / ".sapien" / "physx" / sapien.physx.version()
+    with pytest.raises(RuntimeError, match=r"libPhysXGpu_64\.so.*ConnectionError") as err:
+        _resolve_backend("physx_cuda")
+    assert "https://github.com/sapien-sim/physx-precompiled/releases/download/" in str(err.value)
+    assert str(folder) in str(err.value)
+    with pytest.warns(UserWarning, match=r"libPhysXGpu_64\.so.*Using sim_backend='physx_cpu'"):
+        assert _resolve_backend("auto") == "physx_cpu"

@@ -14,7 +14,10 @@ Simulation backends (``sim_backend``):
   2-core dev machine and gave no gain; scale out with more env workers instead.)
 * ``"physx_cuda"`` -- one ManiSkill env with ``num_envs`` parallel sub-scenes on the
   GPU, partial resets of the finished ones.
-* ``"auto"`` (default) -- ``physx_cuda`` when torch sees a CUDA device, else ``physx_cpu``.
+* ``"auto"`` (default) -- ``physx_cuda`` when torch sees a CUDA device and SAPIEN's PhysX GPU
+  library loads, else ``physx_cpu``. SAPIEN downloads that library (``libPhysXGpu_64.so``) from
+  GitHub on first GPU use; where that fails (an offline cluster) ``auto`` warns and uses the CPU, and
+  an explicit ``physx_cuda`` raises with the URL to fetch and the folder it goes in.
 
 Observations (``obs_mode``), batched over envs as numpy arrays:
 
@@ -47,8 +50,11 @@ from __future__ import annotations
 import difflib
 import functools
 import time
+import warnings
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -116,11 +122,56 @@ def maniskill_env_ids() -> list[str]:
 
 
 def _resolve_backend(name: str) -> str:
-    if name != "auto":
+    """``physx_cpu`` or ``physx_cuda``; ``physx_cuda`` only once its GPU library is loaded (see below).
+
+    ``auto`` picks ``physx_cuda`` when torch sees a CUDA device and SAPIEN's PhysX GPU library loads, and
+    otherwise ``physx_cpu`` (saying why, when there is a GPU). An explicit ``physx_cuda`` that cannot
+    run raises, naming what is missing.
+    """
+    if name == "physx_cpu":
         return name
     import torch
 
-    return "physx_cuda" if torch.cuda.is_available() else "physx_cpu"
+    if not torch.cuda.is_available():
+        if name == "physx_cuda":
+            raise RuntimeError(
+                "make_env: sim_backend='physx_cuda' needs a CUDA GPU and torch sees none; use "
+                "sim_backend='physx_cpu' (or 'auto', which picks it on a machine without a GPU)"
+            )
+        return "physx_cpu"
+    try:
+        enable_physx_gpu()
+    except RuntimeError as exc:
+        if name == "physx_cuda":
+            raise
+        warnings.warn(f"{exc} Using sim_backend='physx_cpu'.", stacklevel=3)
+        return "physx_cpu"
+    return "physx_cuda"
+
+
+def enable_physx_gpu() -> None:
+    """Load SAPIEN's PhysX GPU library, which SAPIEN downloads from GitHub on first use.
+
+    Raises ``RuntimeError`` saying where the library goes when that download fails (a machine that
+    cannot reach GitHub: place the zip's contents there by hand).
+    """
+    import platform
+
+    import requests
+    import sapien.physx
+
+    try:
+        sapien.physx.enable_gpu()
+    except (requests.RequestException, OSError, zipfile.BadZipFile) as exc:
+        version = sapien.physx.version()
+        folder = Path.home() / ".sapien" / "physx" / version
+        zip_name = "linux-aarch64-so.zip" if platform.machine() in ("aarch64", "arm64") else "linux-so.zip"
+        url = f"https://github.com/sapien-sim/physx-precompiled/releases/download/{version}/{zip_name}"
+        raise RuntimeError(
+            f"ManiSkill's GPU simulation needs SAPIEN's PhysX GPU library (libPhysXGpu_64.so), and loading "
+            f"it failed ({type(exc).__name__}: {exc}). SAPIEN downloads it from GitHub on first use; on a "
+            f"machine that cannot reach GitHub, fetch {url} elsewhere and unzip it into {folder}."
+        ) from exc
 
 
 def _without_autograd(method: Any) -> Any:
