@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import functools
 import inspect
 import os
@@ -25,7 +26,7 @@ import numpy as np
 import ray
 
 from rlinf_nb import tree
-from rlinf_nb.algorithms.init_from import for_restore, newest_checkpoint_of_run
+from rlinf_nb.algorithms.init_from import newest_checkpoint_of_run
 from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm, install_algorithm
 from rlinf_nb.config import ConfigError, build, deep_merge, to_dict
 from rlinf_nb.run_config import PlacementConfig, RunConfig, live_params, resolve_key
@@ -317,7 +318,7 @@ class RunControllerImpl:
         if not getattr(algo_cfg, "init_from", None):
             return algo_cfg
         if self.resume and self.run_dir.latest_checkpoint() is not None:
-            return for_restore(algo_cfg)
+            return dataclasses.replace(algo_cfg, init_from=None)  # the checkpoint replaces the policy
         _, source = newest_checkpoint_of_run(algo_cfg.init_from)
         self.event("init_from", run=algo_cfg.init_from, checkpoint=source.path.name, from_step=source.step)
         return algo_cfg

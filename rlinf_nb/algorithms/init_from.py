@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +14,8 @@ if TYPE_CHECKING:  # the controller imports this module and must not import torc
 INIT_FROM_DOC = "start the policy from this run's newest complete checkpoint (a run name or a run directory)"
 
 
-def newest_checkpoint_of_run(run: str, key: str = "algo.init_from") -> tuple[Any, Any]:
-    """``(RunDir, CheckpointInfo)`` of ``run``'s newest complete checkpoint; a config error (on ``key``) if none.
+def newest_checkpoint_of_run(run: str) -> tuple[Any, Any]:
+    """``(RunDir, CheckpointInfo)`` of ``run``'s newest complete checkpoint; a config error (``algo.init_from``) if none.
 
     :meth:`StartsFromRun.check_at_launch` calls it in the client when a new run is launched, so a wrong
     ``init_from`` fails before anything starts on the cluster.
@@ -29,7 +28,9 @@ def newest_checkpoint_of_run(run: str, key: str = "algo.init_from") -> tuple[Any
     if info is None:
         found = "no such run" if not run_dir.path.exists() else "none complete"
         raise ConfigError(
-            key, run, f"a run (name or directory) with a complete checkpoint ({found} in {run_dir.path})"
+            "algo.init_from",
+            run,
+            f"a run (name or directory) with a complete checkpoint ({found} in {run_dir.path})",
         )
     return run_dir, info
 
@@ -47,16 +48,6 @@ class StartsFromRun:
         """A config error (``algo.init_from``) unless the source run has a complete checkpoint."""
         if self.init_from:
             newest_checkpoint_of_run(self.init_from)
-
-
-def for_restore(algo_cfg: Any) -> Any:
-    """``algo_cfg`` for a learner about to load its own run's checkpoint: without ``init_from``.
-
-    The checkpoint replaces the policy anyway, so the source run is neither read nor needed.
-    """
-    if getattr(algo_cfg, "init_from", None):
-        return dataclasses.replace(algo_cfg, init_from=None)
-    return algo_cfg
 
 
 def policy_weights_of_run(run: str) -> dict[str, Tensor]:
