@@ -80,10 +80,13 @@ class StageContext:
     def progress(self) -> float:
         return min(1.0, self._c.env_steps / max(1, self._c.cfg.budget.total_env_steps))
 
-    def collect_rollout(self, steps: int, reset_seeds: list[int] | None = None) -> dict[str, Any]:
+    def collect_rollout(
+        self, steps: int, reset_seeds: list[int] | None = None, acting: str = "sample"
+    ) -> dict[str, Any]:
         """``steps`` env steps per env; ``reset_seeds`` (one per env over all env workers, in rank
-        order) first resets every env with its seed (GRPO's groups)."""
-        return self._c.collect_rollout(steps, reset_seeds)
+        order) first resets every env with its seed (GRPO's groups); ``acting``: ``sample`` from the
+        policy, or its ``mode`` (evaluation)."""
+        return self._c.collect_rollout(steps, reset_seeds, acting)
 
     @property
     def env_steps(self) -> int:
@@ -362,20 +365,24 @@ class RunControllerImpl:
 
     # ------------------------------------------------------------------ stage context services
 
-    def collect_rollout(self, steps: int, reset_seeds: list[int] | None = None) -> dict[str, Any]:
+    def collect_rollout(
+        self, steps: int, reset_seeds: list[int] | None = None, acting: str = "sample"
+    ) -> dict[str, Any]:
         for attempt in range(4):
             try:
-                return self._collect_rollout_once(steps, reset_seeds)
+                return self._collect_rollout_once(steps, reset_seeds, acting)
             except RECOVERABLE as exc:
                 if attempt == 3:
                     raise
                 self._recover_env_failure(exc)
         raise AssertionError("unreachable")
 
-    def _collect_rollout_once(self, steps: int, reset_seeds: list[int] | None = None) -> dict[str, Any]:
+    def _collect_rollout_once(
+        self, steps: int, reset_seeds: list[int] | None = None, acting: str = "sample"
+    ) -> dict[str, Any]:
         if reset_seeds is not None:
             self._reset_envs(reset_seeds)
-        segment = self._start_segment(steps, transitions=False)
+        segment = self._start_segment(steps, transitions=False, acting=acting)
         return self._finish_segment(segment)
 
     def _reset_envs(self, seeds: list[int]) -> None:
@@ -387,10 +394,12 @@ class RunControllerImpl:
             timeout=300
         )
 
-    def _start_segment(self, steps: int, transitions: bool) -> tuple[Any, Any]:
+    def _start_segment(self, steps: int, transitions: bool, acting: str = "sample") -> tuple[Any, Any]:
         """Start ``steps`` env steps on every env worker, served by the rollout workers (non-blocking).
 
-        With action chunks (``policy.chunk = k``) the policy answers once per ``k`` steps.
+        With action chunks (``policy.chunk = k``) the policy answers once per ``k`` steps. ``acting``:
+        ``sample`` or ``mode`` (see :data:`.inference.ACTING_MODES`); the off-policy warm-up of
+        ``algo.random_steps`` makes it ``random``.
         """
         from rlinf_nb.algorithms.chunks import check_chunk_steps
 
@@ -398,11 +407,12 @@ class RunControllerImpl:
         chunk = self.cfg.policy.chunk
         decisions = check_chunk_steps(steps, chunk, "rollout steps")
         # off-policy warm-up: uniform random actions until algo.random_steps env steps are collected
-        warmup = {"random_actions": True} if transitions and self._in_random_warmup() else {}
+        if transitions and self._in_random_warmup():
+            acting = "random"
         if self.colocated:
             env_fut = self.groups["env"].call(
                 "rollout_colocated", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
-                weights=self.latest_weights, **warmup,
+                weights=self.latest_weights, acting=acting,
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["env"], "rollout_colocated", [])
         self._resync_restarted_rollout_workers()
@@ -415,7 +425,7 @@ class RunControllerImpl:
             env_fut = self.groups["env"].call(
                 "rollout_direct", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
                 rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
-                **({"links": direct} if direct else {}), **warmup,
+                **({"links": direct} if direct else {}), acting=acting,
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["rollout"], "infer", [])
         env_fut = self.groups["env"].call(
@@ -427,7 +437,7 @@ class RunControllerImpl:
             ch.get("frames"),
             transitions,
             chunk=chunk,
-            **warmup,
+            acting=acting,
         )
         roll_fut = self.groups["rollout"].call(
             "serve",

@@ -2,8 +2,10 @@
 
 A :class:`PolicyServer` holds a policy with versioned weights and answers observation messages
 (``{"obs", "sender", "final_obs", "final_mask", "value_only"}``, see :mod:`.workers`) with actions,
-log-probs, values, bootstrap values and the weight version that produced them. A message with
-``"random": True`` (off-policy warm-up, ``algo.random_steps``) gets uniform random actions instead.
+log-probs, values, bootstrap values and the weight version that produced them. A message's ``"acting"``
+(:data:`ACTING_MODES`) says how actions are picked: ``sample`` (default) draws from the policy,
+``mode`` takes its most likely action (evaluation: BC's ``eval_actions``), ``random`` draws uniform
+random actions instead (off-policy warm-up, ``algo.random_steps``).
 
 Rollout workers run one for the env workers they serve. With ``placement.env_to_rollout: colocated``
 each env worker runs its own, so a step costs no actor call at all; weights then arrive while a
@@ -29,6 +31,7 @@ from rlinf_nb import tree
 from .compression import ObsDecoder
 
 INFERENCE_BACKENDS = ("auto", "torch", "numpy")
+ACTING_MODES = ("sample", "mode", "random")
 
 
 class TorchActing:
@@ -50,11 +53,11 @@ class TorchActing:
 
         self.policy.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
 
-    def act(self, obs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(self, obs: Any, deterministic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         import torch
 
         with torch.no_grad():
-            actions, logprobs, values = self.policy.act(tree.map(torch.as_tensor, obs))
+            actions, logprobs, values = self.policy.act(tree.map(torch.as_tensor, obs), deterministic)
         return actions.numpy(), logprobs.numpy(), values.numpy()
 
     def value(self, obs: Any) -> np.ndarray:
@@ -94,7 +97,7 @@ class PolicyServer:
 
     def __init__(self, policy_cfg: dict[str, Any], obs_space: Any, action_space: Any, torch_seed: int):
         self.action_space = action_space
-        self.random_actions = np.random.default_rng(torch_seed)  # messages with "random": uniform actions
+        self.random_actions = np.random.default_rng(torch_seed)  # messages acting "random": uniform actions
         self.acting = make_acting(policy_cfg, obs_space, action_space, torch_seed)
         # the torch module (TorchActing) or the numpy copy (NumpyMLPPolicy)
         self.policy = getattr(self.acting, "policy", self.acting)
@@ -154,15 +157,18 @@ class PolicyServer:
         msgs = [{**m, "obs": self.obs_decoder.decode(m["obs"], m.get("sender"))} for m in msgs]
         sizes = [tree.batch_size(m["obs"]) for m in msgs]
         obs = msgs[0]["obs"] if len(msgs) == 1 else tree.concatenate([m["obs"] for m in msgs])
+        acting = msgs[0].get("acting", "sample")
+        if acting not in ACTING_MODES:
+            raise ValueError(f"acting: got {acting!r}; allowed values: {', '.join(ACTING_MODES)}")
         if msgs[0]["value_only"]:
             actions = logprobs = None
             values = self.acting.value(obs)
-        elif msgs[0].get("random"):  # off-policy warm-up (algo.random_steps): not the policy's actions
+        elif acting == "random":  # off-policy warm-up (algo.random_steps): not the policy's actions
             actions = self.uniform_actions(sum(sizes))
             logprobs = np.zeros(sum(sizes), np.float32)
             values = self.acting.value(obs)
         else:
-            actions, logprobs, values = self.acting.act(obs)
+            actions, logprobs, values = self.acting.act(obs, deterministic=acting == "mode")
         boot = [None if m["final_obs"] is None else self.acting.value(m["final_obs"]) for m in msgs]
         if len(msgs) == 1:  # one sender (colocated and direct inference): no slicing
             return [self._reply(values, boot[0], sizes[0], actions, logprobs)]

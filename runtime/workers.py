@@ -127,7 +127,7 @@ class EnvWorker(Worker):
 
     def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
                 frames_ch: Channel | None = None, transitions: bool = False, chunk: int = 1,
-                random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
+                acting: str = "sample") -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking for actions through the ``obs``/``actions`` channels.
 
         With ``chunk = k``, one observation goes out per ``k`` steps (``num_steps // k`` rounds).
@@ -138,11 +138,11 @@ class EnvWorker(Worker):
             return act_ch.get(self.rank, as_torch=False)
 
         return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush,
-                             chunk=chunk, random_actions=random_actions)  # fmt: skip
+                             chunk=chunk, acting=acting)  # fmt: skip
 
     def rollout_direct(self, policy: Any, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
                        transitions: bool = False, chunk: int = 1, links: dict[str, Any] | None = None,
-                       random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
+                       acting: str = "sample") -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking the rollout worker ``policy`` (an actor handle) directly.
 
         One actor call per step (per ``chunk`` steps with action chunks) instead of four channel
@@ -162,14 +162,14 @@ class EnvWorker(Worker):
 
         if not links:
             return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, chunk=chunk,
-                                 random_actions=random_actions)  # fmt: skip
+                                 acting=acting)  # fmt: skip
         if self.direct_link is None:  # one per worker, so latency draws and bandwidth queues carry on
             from .links import DirectLink
 
             self.direct_link = DirectLink(links, self.rank)
         link = self.direct_link
         out = self._rollout(num_steps, lambda msg: link.call(ask, msg), traj_ch, frames_ch, transitions,
-                            chunk=chunk, random_actions=random_actions)  # fmt: skip
+                            chunk=chunk, acting=acting)  # fmt: skip
         return {**out, "link_delays": link.take_delays()}
 
     def _colocated_policy(self) -> PolicyServer:
@@ -187,7 +187,7 @@ class EnvWorker(Worker):
     def rollout_colocated(self, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
                           transitions: bool = False, chunk: int = 1,
                           weights: tuple[list[ray.ObjectRef], int] | None = None,
-                          random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
+                          acting: str = "sample") -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps with this worker's own copy of the policy: no call per step.
 
         ``weights`` (``([ref], version)`` of the controller's last sync) are loaded first when this
@@ -197,7 +197,7 @@ class EnvWorker(Worker):
         if weights is not None and server.newest_version < weights[1]:
             server.offer_weights(ray.get(weights[0][0]), weights[1])
         return self._rollout(num_steps, lambda msg: server.answer([msg])[0], traj_ch, frames_ch, transitions,
-                             chunk=chunk, random_actions=random_actions)  # fmt: skip
+                             chunk=chunk, acting=acting)  # fmt: skip
 
     def _check_chunkable(self, transitions: bool) -> None:
         """Action chunks (``policy.chunk > 1``) run only on-policy and without a human in the loop."""
@@ -216,14 +216,15 @@ class EnvWorker(Worker):
 
     def _rollout(self, num_steps: int, ask: Any, traj_ch: Channel, frames_ch: Channel | None,
                  transitions: bool, before_publish: Any = None, chunk: int = 1,
-                 random_actions: bool = False) -> dict[str, Any]:  # fmt: skip
+                 acting: str = "sample") -> dict[str, Any]:  # fmt: skip
         """Step ``num_steps`` times with actions from ``ask(msg) -> reply``; publish the trajectory.
 
         ``transitions=True`` (off-policy) also keeps ``next_obs`` (the true last observation where an
         episode ended) and ``terminated``, and skips the final values-only round.
 
-        ``random_actions``: every request asks for uniform random actions (off-policy warm-up,
-        ``algo.random_steps``); the policy still gives the values.
+        ``acting``: how the policy picks actions (:data:`.inference.ACTING_MODES`): ``sample`` from its
+        distribution, ``mode`` (its most likely action: evaluation), or ``random`` (uniform random actions,
+        the off-policy warm-up of ``algo.random_steps``; the policy still gives the values).
 
         ``chunk = k > 1`` (action chunks): ``ask`` is called once per ``k`` env steps (a decision) and
         the reply's ``[N, k, ...]`` actions are applied one per step, open loop. The published batch
@@ -260,7 +261,7 @@ class EnvWorker(Worker):
             d, j = divmod(t, K)  # decision d, step j of its chunk (d == t, j == 0 without chunks)
             if j == 0:
                 reply = ask({"obs": self.obs_codec.encode(self.obs), "sender": self.rank, "final_obs": final_obs,
-                             "final_mask": final_mask, "value_only": t == T, "random": random_actions})  # fmt: skip
+                             "final_mask": final_mask, "value_only": t == T, "acting": acting})  # fmt: skip
                 if reply.get(ABORT):
                     return {"aborted": True}
                 if t > 0 and final_mask is not None:

@@ -241,7 +241,7 @@ def test_random_requests_get_uniform_actions_from_the_servers_own_generator():
                   "inference": "torch"}  # fmt: skip
     a = PolicyServer(policy_cfg, env.observation_space, env.action_space, 11)
     obs = np.zeros((64, 3), np.float32)
-    reply = a.answer([{**_msg(obs), "random": True}])[0]
+    reply = a.answer([{**_msg(obs), "acting": "random"}])[0]
     expected = np.random.default_rng(11).uniform(-2.0, 2.0, size=(64, 1)).astype(np.float32)
     np.testing.assert_array_equal(reply["actions"], expected)  # not the policy's: the generator's draws
     assert (reply["logprobs"] == 0).all() and reply["values"].shape == (64,)

@@ -98,6 +98,37 @@ def test_samples_follow_the_torch_distributions():
     assert actions.std(0).min() > 0  # it samples, not the mode
 
 
+@pytest.mark.parametrize("head", list(SPACES))
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_deterministic_acting_gives_the_torch_mode_and_its_log_prob(head, chunk):
+    policy, copy = _pair(head, chunk=chunk)
+    obs = np.random.default_rng(4).normal(size=(16, 5)).astype(np.float32)
+    action, logprob, _ = copy.act(obs, deterministic=True)
+    with torch.no_grad():
+        t_action, t_logprob, _ = policy.act(torch.as_tensor(obs), deterministic=True)
+    np.testing.assert_allclose(action, t_action.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logprob, t_logprob.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(copy.act(obs, deterministic=True)[0], action)  # no draw: the same again
+    assert not np.array_equal(copy.act(obs)[0], action)  # sampling still samples
+
+
+def test_a_server_answers_mode_requests_with_the_policys_mode():
+    env = gym.make("Pendulum-v1")
+    for backend in ("numpy", "torch"):
+        cfg = {"name": "mlp", "kwargs": {"hidden_sizes": [8], "log_std_init": 0.0}, "inference": backend}
+        server = PolicyServer(cfg, env.observation_space, env.action_space, 3)
+        torch_policy = make_policy("mlp", env.observation_space, env.action_space, **policy_kwargs(cfg))
+        server.set_weights({k: v.numpy() for k, v in torch_policy.state_dict().items()}, 0)
+        obs = np.random.default_rng(0).normal(size=(32, 3)).astype(np.float32)
+        msg = {"obs": obs, "sender": 0, "final_obs": None, "final_mask": None, "value_only": False}
+        mode = server.answer([{**msg, "acting": "mode"}])[0]["actions"]
+        np.testing.assert_array_equal(server.answer([{**msg, "acting": "mode"}])[0]["actions"], mode)
+        sampled = server.answer([msg])[0]["actions"]
+        assert np.abs(sampled - mode).mean() > 0.3  # std 1 around the same mean
+        with pytest.raises(ValueError, match="acting: got 'greedy'; allowed values: sample, mode, random"):
+            server.answer([{**msg, "acting": "greedy"}])
+
+
 def test_the_same_seed_gives_the_same_actions():
     _, a = _pair("gaussian", seed=5)
     _, b = _pair("gaussian", seed=5)

@@ -177,6 +177,22 @@ def test_step_mode_inspect_override_and_revert():
     summary = run.step("advantages")
     assert "custom" not in summary
     assert not np.all(run.batch().to_local(["advantages"])["advantages"] == 0.5)
+
+    # A rollout that takes the policy's most likely action (what BC's evaluate stage does): each logprob
+    # is then the larger of CartPole's two, never below log(1/2); sampled rollouts pick the other one too.
+    def greedy_rollout(ctx):
+        return ctx.collect_rollout(ctx.hp.rollout_steps, acting="mode")
+
+    run.override("rollout", greedy_rollout)
+    step_until(run, "rollout")
+    run.step("rollout")
+    greedy = run.batch().to_local(["logprobs"])["logprobs"]
+    assert (greedy >= np.log(0.5) - 1e-6).all()
+    assert run.revert("rollout")
+    step_until(run, "rollout")
+    run.step("rollout")
+    assert (run.batch().to_local(["logprobs"])["logprobs"] < np.log(0.5) - 1e-3).any()
+
     kinds = run.events()["kind"].tolist()
     assert "override" in kinds and "revert" in kinds and "pause" in kinds
     run.resume()

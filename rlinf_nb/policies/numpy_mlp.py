@@ -92,7 +92,8 @@ class NumpyMLPPolicy:
         )
         self.chunk = config.chunk
         self.activation = _ACTIVATIONS[config.activation]
-        self._sample = getattr(self, f"_sample_{self.head_kind}")  # feat -> (action, logprob)
+        # (feat, deterministic) -> (action, logprob)
+        self._sample = getattr(self, f"_sample_{self.head_kind}")
         self.rng = np.random.default_rng([seed, 0x5EED])
         self.loaded = False
         self._actor: list[tuple[np.ndarray, np.ndarray]] = []
@@ -143,46 +144,60 @@ class NumpyMLPPolicy:
         w_t, b = self._critic[-1]
         return (x @ w_t + b)[:, 0]
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``obs -> (action, logprob[N], value[N])``, actions sampled from this policy's generator."""
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``obs -> (action, logprob[N], value[N])``, actions sampled from this policy's generator, or its
+        mode with ``deterministic`` (as torch: the argmax, the mean, the squashed mean; with their log-probs)."""
         x = self._flat(obs)
         feat = self._body(x, self._actor)
-        action, logprob = self._sample(feat)
+        action, logprob = self._sample(feat, deterministic)
         return action, logprob, self.value(x)
 
-    def _sample_categorical(self, feat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _standard_normal(self, shape: tuple[int, ...], deterministic: bool) -> np.ndarray:
+        """``z ~ N(0, 1)`` from this policy's generator; zeros (the mode) when ``deterministic``."""
+        if deterministic:
+            return np.zeros(shape, np.float32)
+        return self.rng.standard_normal(shape, dtype=np.float32)
+
+    def _sample_categorical(self, feat: np.ndarray, deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
         w_t, b = self._head["logits"]
         raw = feat @ w_t + b  # [N, chunk * K]
         if self.chunk > 1:
             raw = raw.reshape(raw.shape[0], self.chunk, -1)
         # Gumbel-max, as the torch head: argmax(logits - log(Exponential(1)))
-        noise = np.log(self.rng.standard_exponential(raw.shape, dtype=np.float32))
-        action = np.argmax(raw - noise, axis=-1).astype(np.int64)
+        if deterministic:
+            action = np.argmax(raw, axis=-1).astype(np.int64)
+        else:
+            noise = np.log(self.rng.standard_exponential(raw.shape, dtype=np.float32))
+            action = np.argmax(raw - noise, axis=-1).astype(np.int64)
         shifted = raw - raw.max(-1, keepdims=True)
         log_norm = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         logprob = np.take_along_axis(log_norm, action[..., None], -1)[..., 0]
         return action, (logprob.sum(-1) if self.chunk > 1 else logprob).astype(np.float32)
 
-    def _gaussian(self, mean: np.ndarray, log_std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _gaussian(
+        self, mean: np.ndarray, log_std: np.ndarray, deterministic: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``u = mean + std * z`` and its log-density: ``-z^2 / 2 - log_std - log(2 pi) / 2`` summed."""
-        z = self.rng.standard_normal(mean.shape, dtype=np.float32)
+        z = self._standard_normal(mean.shape, deterministic)
         u = mean + np.exp(log_std) * z
         return u, (-0.5 * z * z - log_std - _HALF_LOG_2PI).sum(-1)
 
-    def _sample_gaussian(self, feat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _sample_gaussian(self, feat: np.ndarray, deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
         """The state-independent log_std's terms were summed at :meth:`load` (``log_norm``)."""
         w_t, b = self._head["mean"]
-        z = self.rng.standard_normal((feat.shape[0], b.shape[0]), dtype=np.float32)
+        z = self._standard_normal((feat.shape[0], b.shape[0]), deterministic)
         action = (feat @ w_t + b) + self._head["std"] * z
         logprob = self._head["log_norm"] - 0.5 * (z * z).sum(-1)
         return self._shaped(action), logprob.astype(np.float32, copy=False)
 
-    def _sample_squashed_gaussian(self, feat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _sample_squashed_gaussian(
+        self, feat: np.ndarray, deterministic: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
         (mw, mb), (sw, sb) = self._head["mean"], self._head["log_std"]
         cfg = self.config
         raw = np.tanh(feat @ sw + sb)
         log_std = cfg.log_std_min + 0.5 * (raw + 1.0) * (cfg.log_std_max - cfg.log_std_min)
-        u, logprob = self._gaussian(feat @ mw + mb, log_std)
+        u, logprob = self._gaussian(feat @ mw + mb, log_std, deterministic)
         scale = self._head["scale"]
         # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), plus the affine map's log(scale)
         log_det = (2.0 * (_LOG2 - u - np.logaddexp(0.0, -2.0 * u))).sum(-1) + np.log(scale).sum()
