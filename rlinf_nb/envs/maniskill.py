@@ -31,6 +31,10 @@ Observations (``obs_mode``), batched over envs as numpy arrays:
   ``camera_width`` / ``camera_height`` set the resolution of all of them.
 * ``"rgbd"`` -- as ``"rgb"``, plus ``"depth_<camera>"``: ``float32 [N, H, W, 1]`` in metres.
 
+With ``obs_features`` (state mode), a registered feature set (:mod:`rlinf_nb.envs.obs_features`) is
+computed from each state in numpy and observations become ``[features, state]``; :meth:`raw_state`
+gives the state back (scripted experts act on it).
+
 ``final_obs`` in a :class:`~rlinf_nb.envs.StepResult` has the same structure (a dict of
 arrays for the image modes), zeros where no episode ended. ``successes`` holds, for every
 episode that ended in a step, whether the task's ``success`` flag was ever true during the
@@ -102,10 +106,24 @@ class ManiSkillEnvConfig:
     enhanced_determinism: bool = param(
         True, doc="seed every (auto-)reset from the env's seed, so runs are reproducible"
     )
+    obs_features: str | None = param(
+        None,
+        doc="a registered feature set (rlinf_nb.envs.obs_features) computed from the state and put in "
+        "front of it: observations become [features, state] (obs_mode 'state' only; None = the state)",
+    )
 
     def validate(self) -> None:
         if self.obs_mode == "state" and self.cameras is not None:
             raise ConfigError("cameras", self.cameras, "only used with obs_mode 'rgb' or 'rgbd'")
+        if self.obs_features is not None:
+            from rlinf_nb.envs.obs_features import obs_feature_names
+
+            if self.obs_mode != "state":
+                raise ConfigError("obs_features", self.obs_features, "only used with obs_mode 'state'")
+            if self.obs_features not in obs_feature_names():
+                raise ConfigError(
+                    "obs_features", self.obs_features, f"allowed values: {', '.join(obs_feature_names())}"
+                )
 
 
 def _import_maniskill() -> Any:
@@ -228,6 +246,11 @@ class ManiSkillVecEnv:
         self.env_id = env_id
         self.num_envs = int(num_envs)
         self.config = cfg = config if config is not None else ManiSkillEnvConfig()
+        self._features = None
+        if cfg.obs_features is not None:
+            from rlinf_nb.envs.obs_features import get_obs_features
+
+            self._features = get_obs_features(cfg.obs_features)
         self.sim_backend = _resolve_backend(cfg.sim_backend)
         self._batched = self.sim_backend == "physx_cuda"
         self._seed = seed
@@ -275,6 +298,11 @@ class ManiSkillVecEnv:
                     f"make_env: cameras {missing} not in {env_id!r}; its cameras: {', '.join(available)}"
                 )
             self._cameras = wanted
+        if self._features is not None and base._init_raw_obs.shape[-1] != self._features.state_dim:
+            raise ValueError(
+                f"make_env: obs_features {cfg.obs_features!r} reads a state of {self._features.state_dim} "
+                f"values, and {env_id!r} has {base._init_raw_obs.shape[-1]}"
+            )
         self.observation_space = self._make_obs_space(base._init_raw_obs)
 
         self._returns = np.zeros(self.num_envs, dtype=np.float64)
@@ -286,7 +314,8 @@ class ManiSkillVecEnv:
     def _convert(self, raw: Any) -> np.ndarray | dict[str, np.ndarray]:
         """ManiSkill's batched torch observation -> our numpy layout ``[n, ...]``."""
         if self.config.obs_mode == "state":
-            return _to_numpy(raw).astype(np.float32, copy=False)
+            state = _to_numpy(raw).astype(np.float32, copy=False)
+            return state if self._features is None else self._features(state)
         from mani_skill.utils.common import flatten_state_dict
 
         state = {k: v for k, v in raw.items() if k not in ("sensor_data", "sensor_param")}
@@ -314,6 +343,11 @@ class ManiSkillVecEnv:
             else:
                 spaces[key] = gym.spaces.Box(-np.inf, np.inf, arr.shape[1:], np.float32)
         return gym.spaces.Dict(spaces)
+
+    def raw_state(self, obs: np.ndarray) -> np.ndarray:
+        """The task's plain state inside ``obs`` (what scripted experts read): ``obs`` itself without
+        ``obs_features``, else its last ``state_dim`` values."""
+        return obs if self._features is None else obs[..., -self._features.state_dim :]
 
     @staticmethod
     def _cat(parts: list[Any]) -> Any:
