@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,15 @@ __all__ = ["cached_scripted_dataset", "record_scripted_dataset"]
 
 def record_scripted_dataset(
     out: str | Path, env_id: str, episodes: int, *, seed: int = 0, fps: int = 20, task: str | None = None,
-    **env_kwargs: Any,
+    action_noise: Sequence[float] = (), **env_kwargs: Any,
 ) -> Path:  # fmt: skip
-    """Record ``episodes`` successful scripted episodes of ``env_id`` into a LeRobot dataset at ``out``.
+    """Record ``episodes`` scripted episodes of ``env_id`` into a LeRobot dataset at ``out``.
 
-    Episodes are split where the scripted episode terminated (every kept episode ends in success,
-    which terminates ManiSkill episodes). ``out`` appears only when complete (see :func:`merge`).
+    Without ``action_noise`` every episode is a successful one (failed ones are replayed). With it
+    (DART-style demos, see :func:`~rlinf_nb.envs.scripted.scripted_episodes`) the env is driven with
+    noisy actions, ``action`` holds the expert's clean label for each state, and every episode is kept,
+    failed ones too (their labels are the expert's all the same); ``next.success`` tells them apart.
+    ``out`` appears only when complete (see :func:`merge`).
 
     Raises:
         FileExistsError: ``out`` exists.
@@ -48,10 +51,13 @@ def record_scripted_dataset(
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"record_scripted_dataset: {out} already exists")
-    transitions, _ = scripted_episodes(env_id, episodes, seed=seed, **env_kwargs)
+    noisy = any(std > 0 for std in action_noise)
+    transitions, _ = scripted_episodes(
+        env_id, episodes, seed=seed, successful_only=not noisy, action_noise=action_noise, **env_kwargs
+    )
     obs = transitions["obs"].reshape(len(transitions["obs"]), -1).astype(np.float32)
     actions = transitions["actions"].reshape(len(obs), -1).astype(np.float32)
-    ends = np.flatnonzero(transitions["terminated"]) + 1
+    ends = np.flatnonzero(transitions["done"]) + 1
     features = {"observation.state": vector(obs.shape[1]), "action": vector(actions.shape[1])}
     shards_root = out.with_name(out.name + ".shards")
     shutil.rmtree(shards_root, ignore_errors=True)  # a previous attempt that died before merging
@@ -62,7 +68,8 @@ def record_scripted_dataset(
             for t in range(start, end):
                 last = t == end - 1
                 rec.add_frame({"observation.state": obs[t], "action": actions[t],
-                               "reward": float(transitions["rewards"][t]), "done": last, "success": last})  # fmt: skip
+                               "reward": float(transitions["rewards"][t]), "done": last,
+                               "success": bool(transitions["success"][t])})  # fmt: skip
             rec.end_episode(task=task)
             start = end
     merge(shards_root, out)
@@ -70,16 +77,19 @@ def record_scripted_dataset(
     return out
 
 
-def cached_scripted_dataset(env_cfg: Mapping[str, Any], episodes: int, seed: int = 0) -> Path:
+def cached_scripted_dataset(
+    env_cfg: Mapping[str, Any], episodes: int, seed: int = 0, action_noise: Sequence[float] = ()
+) -> Path:
     """The scripted-expert dataset for a run's ``env`` section, recorded once under ``RLINF_NB_HOME``.
 
-    The cache key covers the env id, its kwargs (render mode aside), the episode count and the
-    seed; a dataset is used only once complete (merge renames it into place at the end).
+    The cache key covers the env id, its kwargs (render mode aside), the episode count, the seed and
+    the action noise; a dataset is used only once complete (merge renames it into place at the end).
     """
     kwargs = {k: v for k, v in dict(env_cfg.get("kwargs") or {}).items() if k != "render_mode"}
-    key = json.dumps(
-        {"id": env_cfg["id"], "kwargs": kwargs, "episodes": episodes, "seed": seed}, sort_keys=True
-    )
+    spec = {"id": env_cfg["id"], "kwargs": kwargs, "episodes": episodes, "seed": seed}
+    if action_noise:  # (no key of its own without noise: datasets recorded before it keep their names)
+        spec["action_noise"] = [float(std) for std in action_noise]
+    key = json.dumps(spec, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     name = env_cfg["id"].replace(":", "-").replace("/", "-")
     out = home() / "datasets" / f"scripted-{name}-{episodes}ep-{digest}"
@@ -87,4 +97,6 @@ def cached_scripted_dataset(env_cfg: Mapping[str, Any], episodes: int, seed: int
         open_metadata(out)  # raises if it is not a readable LeRobot dataset
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    return record_scripted_dataset(out, env_cfg["id"], episodes, seed=seed, **kwargs)
+    return record_scripted_dataset(
+        out, env_cfg["id"], episodes, seed=seed, action_noise=action_noise, **kwargs
+    )

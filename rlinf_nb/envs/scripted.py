@@ -11,22 +11,24 @@ reference for tests and a source of demonstrations for RLPD (``algo.demos: scrip
   cube to the goal (success in every one of 174 episodes of 16 seeded envs; ~18 steps each).
 * ``PegInsertionSide-v1`` (state obs, ``pd_ee_delta_pose``): grasp the peg from above, line it up with
   the hole's axis in front of the box, push it in (34 of 40 episodes from seed 7, 20 of 20 from
-  seed 0; ~55-60 steps each).
+  seed 0; ~55-60 steps each). It lives with the task's geometry in :mod:`.peg_insertion`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rlinf_nb.config import ConfigError
 
-from . import quaternion as Q
+from .peg_insertion import peginsertion_policy
 
 __all__ = [
     "SCRIPTED_POLICIES",
+    "ScriptedExpert",
     "demo_transitions",
     "peginsertion_policy",
     "pickcube_policy",
@@ -95,137 +97,105 @@ def pickcube_policy(obs: np.ndarray, gain: float = 10.0) -> np.ndarray:
     return action
 
 
-# PegInsertionSide-v1 state layout (43 dims): qpos 0:9, qvel 9:18, tcp pose 18:25, peg pose 25:32, peg half
-# size 32:35 (half length, radius, radius), box hole pose 35:42 (x: the hole's axis), hole radius 42.
-_TOP_DOWN = np.array([0.0, 1.0, 0.0, 0.0])  # the TCP pointing down with its x along the world's (pi about x)
-_STANDOFF = 0.04  # the peg's head lines up this far in front of the hole before going in (m)
+@dataclass(frozen=True)
+class ScriptedExpert:
+    """A scripted policy and what it needs."""
+
+    policy: Callable[[np.ndarray], np.ndarray]  # plain state obs [N, D] -> actions [N, A]
+    env_kwargs: dict[str, Any]  # env kwargs it needs (obs and control modes)
+    arm_dims: slice  # the action dims that move the arm (demo noise goes there, not on the gripper)
 
 
-def peginsertion_policy(obs: np.ndarray) -> np.ndarray:
-    """Actions ``float32 [N, 7]`` (``pd_ee_delta_pose``: TCP delta xyz, delta rotation, gripper) for
-    PegInsertionSide state obs ``[N, 43]``.
-
-    Stateless: grasp the peg from above, halfway between its centre and its tail, fingers across it; once
-    held, move it so that it lies on the hole's axis with the hole's orientation, its head ``_STANDOFF``
-    in front of the box, and push it in 12 mm per step while it stays on the axis (it backs out to line
-    up again when it does not). The peg-in-TCP pose is read from each observation, so a peg that slipped
-    in the fingers is still steered right. Gains above 1 offset the arm controller's lag (it covers about
-    40% of a commanded delta per step); holes have 3 mm of clearance.
-    """
-    obs = np.asarray(obs, dtype=np.float64).reshape(-1, 43)
-    n = len(obs)
-    tcp_p, tcp_q, peg_p, peg_q = obs[:, 18:21], obs[:, 21:25], obs[:, 25:28], obs[:, 28:32]
-    half_len, hole_p, hole_q, radius = obs[:, 32], obs[:, 35:38], obs[:, 38:42], obs[:, 42]
-    width = obs[:, 7] + obs[:, 8]  # between the fingers
-    peg_x, hole_x = Q.rotate(peg_q, [1.0, 0.0, 0.0]), Q.rotate(hole_q, [1.0, 0.0, 0.0])
-
-    # grasp from above: TCP over the grasp point and turned to it, then down, then close
-    grasp_p = peg_p - peg_x * (0.5 * half_len)[:, None]
-    yaw = np.arctan2(peg_x[:, 1], peg_x[:, 0])
-    tcp_x = Q.rotate(tcp_q, [1.0, 0.0, 0.0])
-    yaw = np.where(tcp_x[:, 0] * np.cos(yaw) + tcp_x[:, 1] * np.sin(yaw) < 0, yaw + np.pi, yaw)  # nearer way
-    grasp_q = Q.mul(Q.yaw_quat(yaw), np.broadcast_to(_TOP_DOWN, (n, 4)))
-    off = tcp_p - peg_p
-    off_axis = np.linalg.norm(off - (off * peg_x).sum(1, keepdims=True) * peg_x, axis=1)
-    holding = (off_axis < radius + 0.01) & (width < 2 * radius + 0.006)
-    over = (np.linalg.norm(tcp_p[:, :2] - grasp_p[:, :2], axis=1) < 0.008) & (
-        Q.angle(Q.mul(grasp_q, Q.conj(tcp_q))) < 0.08
-    )
-    at_grasp = np.linalg.norm(tcp_p - grasp_p, axis=1) < 0.01
-    target_p = np.where(over[:, None], grasp_p, grasp_p + [0.0, 0.0, 0.06])
-
-    # held: the peg onto the hole's axis and orientation, then in
-    rel_q = Q.mul(Q.conj(tcp_q), peg_q)  # the peg in the TCP's frame
-    rel_p = Q.rotate(Q.conj(tcp_q), peg_p - tcp_p)
-    seated = hole_p - hole_x * half_len[:, None]  # the peg's centre with its head at the hole's centre
-    d = peg_p - seated
-    along = (d * hole_x).sum(1)
-    lateral = np.linalg.norm(d - along[:, None] * hole_x, axis=1)
-    tilt = Q.angle(Q.mul(hole_q, Q.conj(peg_q)))
-    start = -(half_len + _STANDOFF)
-    head_in = ((peg_p + peg_x * half_len[:, None] - hole_p) * hole_x).sum(1) > -(half_len + 0.003)
-    inserting = (
-        ((lateral < 0.0015) & (tilt < 0.012))
-        | ((along > start + 0.004) & (lateral < 0.003) & (tilt < 0.04))  # on its way in: a looser band
-        | (head_in & (lateral < 0.004))
-    )
-    peg_target = seated + hole_x * np.where(inserting, np.minimum(along + 0.012, 0.02), start)[:, None]
-    hold_q = Q.mul(hole_q, Q.conj(rel_q))
-    hold_p = peg_target - Q.rotate(hold_q, rel_p)
-    target_p = np.where(holding[:, None], hold_p, target_p)
-    target_q = np.where(holding[:, None], hold_q, grasp_q)
-
-    gain = np.where(holding, np.where(inserting, 2.0, 2.5), 1.0)[:, None]
-    action = np.zeros((n, 7), np.float32)
-    action[:, :3] = np.clip(gain * (target_p - tcp_p) / 0.1, -1.0, 1.0)  # an action of 1 is 0.1 m
-    # an action of 1 is 0.1 rad; measured: a positive one turns the TCP the negative way about that world axis
-    action[:, 3:6] = np.clip(-gain * Q.rotvec(Q.mul(target_q, Q.conj(tcp_q))) / 0.1, -1.0, 1.0)
-    action[:, 6] = np.where(at_grasp | holding, -1.0, 1.0)
-    return action
-
-
-SCRIPTED_POLICIES: dict[str, tuple[Callable[[np.ndarray], np.ndarray], dict[str, Any]]] = {
-    # env id -> (policy, env kwargs it needs)
-    "maniskill:PushCube-v1": (pushcube_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pos"}),
-    "maniskill:PickCube-v1": (pickcube_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pos"}),
-    "maniskill:PegInsertionSide-v1": (
-        peginsertion_policy,
-        {"obs_mode": "state", "control_mode": "pd_ee_delta_pose"},
+SCRIPTED_POLICIES: dict[str, ScriptedExpert] = {
+    "maniskill:PushCube-v1": ScriptedExpert(
+        pushcube_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pos"}, slice(0, 3)
+    ),
+    "maniskill:PickCube-v1": ScriptedExpert(
+        pickcube_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pos"}, slice(0, 3)
+    ),
+    "maniskill:PegInsertionSide-v1": ScriptedExpert(
+        peginsertion_policy, {"obs_mode": "state", "control_mode": "pd_ee_delta_pose"}, slice(0, 6)
     ),
 }
 
 
 def scripted_episodes(
     env_id: str, episodes: int, seed: int = 0, successful_only: bool = True, max_tries: int | None = None,
-    **env_kwargs: Any,
+    action_noise: Sequence[float] = (), **env_kwargs: Any,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:  # fmt: skip
     """Transitions of ``episodes`` episodes of the scripted policy of ``env_id`` (one env, seeded).
 
     Returns ``(transitions, stats)``: ``obs``, ``actions``, ``rewards``, ``next_obs`` (the true
-    last observation at an episode's end) and ``terminated``, each ``[n, ...]``; ``stats`` has
+    last observation at an episode's end), ``terminated``, ``done`` (the episode's last step) and
+    ``success`` (the last step of a successful episode), each ``[n, ...]``; ``stats`` has
     ``episodes``, ``tried`` and ``success_rate`` (over the episodes tried). With
     ``successful_only``, failed episodes are dropped and more are played, up to ``max_tries``
     (default ``3 * episodes``).
+
+    ``action_noise`` (DART-style demos): each episode draws one standard deviation from this list and
+    the env is stepped with Gaussian noise of that size on the arm's action dims (clipped to the action
+    bounds), while ``actions`` records the expert's clean action for each observed state. A cloned
+    policy then learns how to come back from the states its own errors lead to.
+
+    With ``obs_features`` among the env kwargs, ``obs`` holds the featured observations and the
+    expert acts on the plain state inside them.
     """
     from rlinf_nb.envs import make_env
 
     if env_id not in SCRIPTED_POLICIES:
         raise ValueError(f"no scripted policy for {env_id!r}; scripted envs: {', '.join(SCRIPTED_POLICIES)}")
-    policy, needed = SCRIPTED_POLICIES[env_id]
-    for key, value in needed.items():
+    expert = SCRIPTED_POLICIES[env_id]
+    for key, value in expert.env_kwargs.items():
         if env_kwargs.get(key, value) != value:
             raise ValueError(
                 f"the scripted policy of {env_id!r} needs {key}={value!r}, got {env_kwargs[key]!r}"
             )
-    env = make_env(env_id, 1, seed=seed, **{**env_kwargs, **needed})
+    noise = np.asarray(action_noise, np.float64)
+    if (noise < 0).any() or not np.isfinite(noise).all():
+        raise ValueError(
+            f"action_noise: got {list(action_noise)}; standard deviations must be finite and >= 0"
+        )
+    rng = np.random.default_rng([seed, 0xDA27])
+    env = make_env(env_id, 1, seed=seed, **{**env_kwargs, **expert.env_kwargs})
+    plain = getattr(env, "raw_state", lambda o: o)
     max_tries = max_tries if max_tries is not None else 3 * episodes
     kept: list[dict[str, list]] = []
     tried = successes = 0
     obs = env.reset()
-    ep: dict[str, list] = {k: [] for k in ("obs", "actions", "rewards", "next_obs", "terminated")}
+    keys = ("obs", "actions", "rewards", "next_obs", "terminated", "done", "success")
+    ep: dict[str, list] = {k: [] for k in keys}
+    std = rng.choice(noise) if len(noise) else 0.0
     try:
         while len(kept) < episodes and tried < max_tries:
-            action = policy(obs)
-            res = env.step(action)
+            action = expert.policy(plain(obs))
+            applied = action
+            if std > 0:
+                applied = action.copy()
+                applied[:, expert.arm_dims] += rng.normal(size=applied[:, expert.arm_dims].shape) * std
+                applied = np.clip(applied, env.action_space.low, env.action_space.high)
+            res = env.step(applied)
             done = bool(res.terminated[0] or res.truncated[0])
+            success = done and bool(res.successes[0]) if res.successes else False
             next_obs = res.final_obs if done else res.obs
             for key, value in (("obs", obs[0]), ("actions", action[0]), ("rewards", res.reward[0]),
-                               ("next_obs", next_obs[0]), ("terminated", res.terminated[0])):  # fmt: skip
+                               ("next_obs", next_obs[0]), ("terminated", res.terminated[0]),
+                               ("done", done), ("success", success)):  # fmt: skip
                 ep[key].append(value)
             obs = res.obs
             if done:
                 tried += 1
-                success = bool(res.successes[0]) if res.successes else False
                 successes += success
                 if success or not successful_only:
                     kept.append(ep)
-                ep = {k: [] for k in ep}
+                ep = {k: [] for k in keys}
+                std = rng.choice(noise) if len(noise) else 0.0
     finally:
         env.close()
     if not kept:
         raise RuntimeError(f"the scripted policy of {env_id!r} succeeded in none of {tried} episodes")
-    out = {k: np.concatenate([np.asarray(e[k]) for e in kept]) for k in kept[0]}
-    out["terminated"] = out["terminated"].astype(bool)
+    out = {k: np.concatenate([np.asarray(e[k]) for e in kept]) for k in keys}
+    for key in ("terminated", "done", "success"):
+        out[key] = out[key].astype(bool)
     return out, {
         "episodes": float(len(kept)),
         "tried": float(tried),
