@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlinf_nb.algorithms.bc import BCConfig, BCLearner, bc_loss
+from rlinf_nb.algorithms.bc import BCConfig, BCLearner, bc_loss, scheduled_lr
 from rlinf_nb.client import resolve_config
 from rlinf_nb.config import ConfigError, build
 from rlinf_nb.policies import make_policy
@@ -55,6 +55,31 @@ def test_bc_config_rejects_a_bad_dataset_spec_naming_the_key():
         resolve_config("bc_pushcube", algo__dataset="scripted:zero")
     with pytest.raises(ConfigError, match=r"algo\.finetune.*full.*lora"):
         resolve_config("bc_pushcube", algo__finetune="half")
+
+
+def test_cosine_schedule_falls_from_lr_to_zero_over_the_budget_and_the_learner_uses_it():
+    assert scheduled_lr(1e-3, "constant", 0.7) == 1e-3
+    grid = np.linspace(0, 1, 11)
+    by_hand = [1e-3 * (1 + np.cos(np.pi * p)) / 2 for p in grid]
+    np.testing.assert_allclose([scheduled_lr(1e-3, "cosine", p) for p in grid], by_hand, rtol=1e-12)
+    assert scheduled_lr(1e-3, "cosine", 1.5) == 0.0  # past the budget (a resumed run): stays at 0
+    with pytest.raises(ValueError, match="lr_schedule: got 'step'"):
+        scheduled_lr(1e-3, "step", 0.5)
+    cfg = build(BCConfig, {"lr_schedule": "cosine", "updates_per_iter": 1, "batch_size": 4})
+    learner = BCLearner(_policy(), cfg)
+    learner.obs, learner.actions = torch.randn(8, 6), torch.zeros(8, 2)
+    assert learner.update({}, cfg, progress=0.5)["lr"] == pytest.approx(5e-4)
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
+
+
+def test_demo_noise_is_checked_and_only_for_scripted_datasets():
+    assert build(BCConfig, {"demo_noise": [0.0, 0.1]}).demo_noise == (0.0, 0.1)
+    with pytest.raises(ConfigError, match=r"demo_noise: got \[-0.1\]; standard deviations must be finite"):
+        build(BCConfig, {"demo_noise": [-0.1]})
+    with pytest.raises(ConfigError, match=r"demo_noise.*only used with a 'scripted:<n>' dataset"):
+        build(BCConfig, {"dataset": "/data/demos", "demo_noise": [0.1]})
+    with pytest.raises(ConfigError, match=r"algo\.eval_actions.*mode.*sample"):
+        resolve_config("bc_pushcube", algo__eval_actions="greedy")
 
 
 # ----------------------------------------------------------------------------- LoRA

@@ -22,7 +22,7 @@ from rlinf_nb.config import ConfigError
 from rlinf_nb.run_config import RunConfig
 
 NEW = ["sac_pendulum", "crossq_pendulum", "grpo_cartpole", "reinforcepp_cartpole",
-       "ppo_pushcube", "ppo_pickcube", "ppo_peginsertion", "rlpd_pushcube"]  # fmt: skip
+       "ppo_pushcube", "ppo_pickcube", "ppo_peginsertion", "rlpd_pushcube", "bc_peginsertion"]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- fast: configs
@@ -111,11 +111,19 @@ SMOKE = {
         "algo__batch_size": 32,
         "algo__utd": 0.5,
     },  # fmt: skip
+    "bc_peginsertion": {  # 2 noisy demo episodes (recorded with the features), 2 short iterations
+        "budget__total_env_steps": 32,
+        "num_envs": 2,
+        "algo__dataset": "scripted:2",
+        "algo__updates_per_iter": 5,
+        "algo__eval_steps": 8,
+    },
 }
 LOSSES = {"sac_pendulum": ["critic_loss", "actor_loss"], "crossq_pendulum": ["critic_loss", "actor_loss"],
           "grpo_cartpole": ["policy_loss"], "reinforcepp_cartpole": ["policy_loss"],
           "ppo_pushcube": ["policy_loss", "value_loss"], "ppo_pickcube": ["policy_loss", "value_loss"],
-          "ppo_peginsertion": ["policy_loss", "value_loss"], "rlpd_pushcube": ["critic_loss", "actor_loss"]}  # fmt: skip
+          "ppo_peginsertion": ["policy_loss", "value_loss"], "rlpd_pushcube": ["critic_loss", "actor_loss"],
+          "bc_peginsertion": ["bc_loss", "action_mse"]}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +153,12 @@ def test_new_recipe_runs_on_the_cluster_with_finite_losses(smoke_runs, name):
         demos = run.events().query("kind == 'demos'")
         assert len(demos) == 1 and demos["episodes"].iloc[0] == 2 and demos["transitions"].iloc[0] > 0
         assert df["demo_size"].iloc[-1] == demos["transitions"].iloc[0]
+    if name == "bc_peginsertion":  # the dataset holds what the policy reads: features, then the state
+        from rlinf_nb.data.transitions import dataset_to_transitions
+
+        dataset = run.events().query("kind == 'dataset'").iloc[0]
+        assert dataset["episodes"] == 2
+        assert dataset_to_transitions(dataset["dataset"], obs_keys="observation.state")["obs"].shape[1] == 126
 
 
 @pytest.mark.timeout(900)
@@ -160,7 +174,8 @@ def test_grpo_rollout_on_the_cluster_starts_each_group_from_one_state(smoke_runs
 # ----------------------------------------------------------------------------- slow: learning
 
 
-def _learn(name: str, metric: str, threshold: float, timeout: float) -> None:
+def _learn(name: str, metric: str, threshold: float, timeout: float) -> str:
+    """Launch recipe ``name``, wait, assert it finished with ``metric >= threshold``; the run's name."""
     import rlinf_nb as rl
 
     t0 = time.time()
@@ -172,6 +187,7 @@ def _learn(name: str, metric: str, threshold: float, timeout: float) -> None:
           f"{len(df)} updates, {time.time() - t0:.0f} s wall (launch included)")  # fmt: skip
     assert st["state"] == "finished", st["error"]
     assert reached >= threshold, df[["env_steps", metric]].tail(10)
+    return run.name
 
 
 @pytest.mark.slow
@@ -207,6 +223,56 @@ def test_reinforcepp_cartpole_learns():
 @pytest.mark.usefixtures("attached")
 def test_ppo_pushcube_learns():
     _learn("ppo_pushcube", "success_rate", 0.8, timeout=3000)
+
+
+def _evaluate_run_policy(run_name: str, recipe: str, episodes: int, seed: int) -> float:
+    """Success rate of a run's newest checkpointed policy (its mean action) over ``episodes`` episodes of
+    the ``recipe``'s env played here, in this process: 8 envs seeded ``seed + i``, each playing its first
+    ``episodes / 8`` episodes."""
+    import torch
+
+    from rlinf_nb.algorithms.init_from import load_policy_from_run
+    from rlinf_nb.envs import make_env
+    from rlinf_nb.policies import make_policy
+    from rlinf_nb.run_config import policy_kwargs
+
+    run_cfg = resolve_config(recipe)
+    kwargs = {k: v for k, v in run_cfg.env.kwargs.items() if k != "render_mode"}
+    env = make_env(run_cfg.env.id, 8, seed=seed, **kwargs)
+    policy_cfg = {"name": run_cfg.policy.name, "kwargs": dict(run_cfg.policy.kwargs)}
+    policy = make_policy(
+        policy_cfg["name"], env.observation_space, env.action_space, **policy_kwargs(policy_cfg)
+    )
+    load_policy_from_run(policy, run_name)
+    per_env = episodes // 8
+    count, success = np.zeros(8, int), np.zeros(8, int)
+    obs = env.reset()
+    try:
+        while (count < per_env).any():
+            with torch.no_grad():
+                action = policy.distribution(torch.as_tensor(obs)).mode().numpy()
+            res = env.step(action)
+            obs = res.obs
+            for j, i in enumerate(np.flatnonzero(res.terminated | res.truncated)):
+                if count[i] < per_env:
+                    count[i] += 1
+                    success[i] += int(res.successes[j])
+    finally:
+        env.close()
+    return success.sum() / count.sum()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("attached")
+def test_bc_peginsertion_inserts_the_peg():
+    """PegInsertionSide-v1 to success on CPU physx by cloning (PPO does not get there on two cores): the
+    run reaches its stop threshold, and its final policy, replayed here on 40 episodes the run never saw,
+    inserts the peg in most of them."""
+    name = _learn("bc_peginsertion", "success_rate", 0.9, timeout=1500)
+    rate = _evaluate_run_policy(name, "bc_peginsertion", episodes=40, seed=20_000)
+    print(f"bc_peginsertion: replayed success {rate:.3f} over 40 episodes (seeds 20000-20007)")
+    assert rate >= 0.7
 
 
 # PickCube-v1 and PegInsertionSide-v1 on two CPU cores: success needs millions of env steps (ManiSkill's

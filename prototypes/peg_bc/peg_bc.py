@@ -9,6 +9,7 @@ p.add_argument('--demos', type=int, default=200); p.add_argument('--demo_seed', 
 p.add_argument('--noise', default='0,0.02,0.05,0.1,0.2'); p.add_argument('--feat', default='feat')
 p.add_argument('--steps', type=int, default=10000); p.add_argument('--hidden', default='256,256,256')
 p.add_argument('--lr', type=float, default=1e-3); p.add_argument('--bs', type=int, default=512)
+p.add_argument('--norm', type=int, default=1); p.add_argument('--sched', default='onecycle')
 p.add_argument('--eval_seeds', default='20000'); p.add_argument('--eval_eps', type=int, default=40)
 a = p.parse_args()
 T0 = time.time()
@@ -16,7 +17,7 @@ data, _ = collect(a.demos, a.demo_seed, tuple(float(x) for x in a.noise.split(',
 t_collect = time.time() - T0
 phi = (lambda o: feats(o, raw=True)) if a.feat == 'feat' else (lambda o: feats_generic(o, raw=True))
 X = phi(data['obs']); Y = data['act'].astype(np.float32)
-mu, sd = X.mean(0), X.std(0) + 1e-3
+mu, sd = (X.mean(0), X.std(0) + 1e-3) if a.norm else (np.zeros(X.shape[1], np.float32), np.ones(X.shape[1], np.float32))
 Xn, Yt = torch.tensor((X - mu) / sd), torch.tensor(Y)
 torch.manual_seed(0)
 layers, d_in = [], X.shape[1]
@@ -24,7 +25,7 @@ for h in map(int, a.hidden.split(',')):
     layers += [nn.Linear(d_in, h), nn.ReLU()]; d_in = h
 net = nn.Sequential(*layers, nn.Linear(d_in, 7))
 opt = torch.optim.Adam(net.parameters(), lr=a.lr)
-sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=a.steps, pct_start=0.05)
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=a.steps, pct_start=0.05) if a.sched == 'onecycle' else torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
 g = torch.Generator().manual_seed(0)
 t1 = time.time()
 for it in range(a.steps):

@@ -10,7 +10,8 @@ and keeps it in memory; the run's envs only evaluate. Stages, each iteration:
 ``sync_weights``
     the learner's weights (adapters folded in for LoRA) go to every rollout worker.
 ``evaluate``
-    the envs play ``eval_steps`` steps with the new policy; ``success_rate`` and
+    the envs play ``eval_steps`` steps with the new policy, taking its most likely action
+    (``eval_actions: mode``, default) or sampling (``sample``); ``success_rate`` and
     ``episode_return_mean`` come from those episodes, so the curves show how well it imitates.
 
 ``finetune: full`` trains every weight; ``finetune: lora`` injects LoRA adapters (``peft``) into
@@ -20,11 +21,13 @@ weights), so a policy trained with RL can be fine-tuned on demonstrations and vi
 
 ``dataset`` is a LeRobot dataset directory, a recording root or a run's ``data/`` directory
 (their finalized shards are merged once into ``<path>.merged``) or ``scripted:<n>`` (``n`` episodes of the env's scripted expert,
-recorded once into a LeRobot dataset under ``RLINF_NB_HOME/datasets``).
+recorded once into a LeRobot dataset under ``RLINF_NB_HOME/datasets``; ``demo_noise`` records them
+DART-style: the env driven with noisy actions, the expert's clean actions as labels).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +42,10 @@ from .init_from import INIT_FROM_DOC, StartsFromRun, load_policy_from_run
 from .registry import Algorithm, Stage, register_algorithm
 from .stages import sync_weights_stage
 
-__all__ = ["BCConfig", "BCLearner", "bc_loss", "resolve_dataset"]
+__all__ = ["BCConfig", "BCLearner", "bc_loss", "resolve_dataset", "scheduled_lr"]
 
 LOSSES = ("nll", "mse")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -56,12 +60,28 @@ class BCConfig(StartsFromRun):
     obs_key: str = param("observation.state", doc="dataset feature fed to the policy as its observation")
     action_key: str = param("action", doc="dataset feature the policy imitates")
     loss: str = param("nll", doc="nll (log-likelihood, learns the std) or mse (of the mode)", choices=LOSSES)
-    lr: float = param(1e-3, doc="Adam learning rate", live=True, range=(1e-7, 1.0))
+    lr: float = param(1e-3, doc="Adam learning rate (the peak with a schedule)", live=True, range=(1e-7, 1.0))
+    lr_schedule: str = param(
+        "constant",
+        doc="constant, or cosine (from lr down to 0 over the budget's env steps)",
+        choices=LR_SCHEDULES,
+    )
     weight_decay: float = param(0.0, doc="AdamW weight decay", range=(0.0, 1.0))
     batch_size: int = param(256, doc="dataset samples per gradient step", live=True, range=(1, 1_000_000))
     updates_per_iter: int = param(200, doc="gradient steps per iteration", live=True, range=(1, 1_000_000))
     max_grad_norm: float = param(1.0, doc="gradient clipping norm (0 = off)", live=True, range=(0.0, 1e6))
+    demo_noise: tuple[float, ...] = param(
+        (),
+        doc="'scripted:<n>' only: Gaussian action noise on the expert's arm dims while recording (DART): each "
+        "episode draws one std from this list, the labels stay the expert's clean actions, and failed "
+        "episodes are kept; () = noise-free, successful episodes only",
+    )
     eval_steps: int = param(50, doc="env steps per env in each evaluate stage", range=(1, 100_000))
+    eval_actions: str = param(
+        "mode",
+        doc="how the evaluate stage acts: mode (the policy's most likely action) or sample (from it)",
+        choices=("mode", "sample"),
+    )
     finetune: str = param("full", doc="full (every weight) or lora (adapters only)", choices=("full", "lora"))
     lora_rank: int = param(8, doc="LoRA rank r", range=(1, 4096))
     lora_alpha: float = param(
@@ -74,6 +94,16 @@ class BCConfig(StartsFromRun):
         if kind == "scripted" and (not arg.isdigit() or int(arg) < 1):
             raise ConfigError(
                 "dataset", self.dataset, "expected 'scripted:<n>' with n >= 1 episodes, or a path"
+            )
+        if any(not 0.0 <= std < float("inf") for std in self.demo_noise):
+            raise ConfigError(
+                "demo_noise", list(self.demo_noise), "standard deviations must be finite and >= 0"
+            )
+        if self.demo_noise and kind != "scripted":
+            raise ConfigError(
+                "demo_noise",
+                list(self.demo_noise),
+                "only used with a 'scripted:<n>' dataset (it is recorded)",
             )
 
 
@@ -92,6 +122,15 @@ def bc_loss(dist: Any, actions: Tensor, kind: str = "nll") -> Tensor:
     raise ValueError(f"bc_loss: kind must be one of {LOSSES}, got {kind!r}")
 
 
+def scheduled_lr(lr: float, schedule: str, progress: float) -> float:
+    """The learning rate at ``progress`` (0..1 of the budget): ``lr``, or ``lr * (1 + cos(pi * p)) / 2``."""
+    if schedule == "constant":
+        return lr
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
+    raise ValueError(f"lr_schedule: got {schedule!r}; allowed values: {', '.join(LR_SCHEDULES)}")
+
+
 def gradient_step(
     optimizer: torch.optim.Optimizer, loss: Tensor, params: list[Tensor], max_grad_norm: float
 ) -> float:
@@ -107,14 +146,16 @@ def gradient_step(
 # ----------------------------------------------------------------------------- data
 
 
-def resolve_dataset(spec: str, env_cfg: dict[str, Any], seed: int = 0) -> Path:
+def resolve_dataset(
+    spec: str, env_cfg: dict[str, Any], seed: int = 0, demo_noise: tuple[float, ...] = ()
+) -> Path:
     """The LeRobot dataset directory ``spec`` (``algo.dataset``) names for a run's env."""
     from rlinf_nb.data.expert import cached_scripted_dataset
     from rlinf_nb.data.merging import merge
 
     kind, _, arg = spec.partition(":")
     if kind == "scripted":
-        return cached_scripted_dataset(env_cfg, int(arg), seed=seed + 2_000_003)
+        return cached_scripted_dataset(env_cfg, int(arg), seed=seed + 2_000_003, action_noise=demo_noise)
     path = Path(spec).expanduser()
     if not path.exists():
         raise ConfigError(
@@ -152,7 +193,7 @@ class BCLearner:
         """Resolve ``spec`` and load its (obs, action) pairs, checking them against the policy."""
         from rlinf_nb.data.transitions import dataset_to_transitions
 
-        path = resolve_dataset(spec, env_cfg, seed)
+        path = resolve_dataset(spec, env_cfg, seed, cfg.demo_noise)
         data = dataset_to_transitions(path, obs_keys=cfg.obs_key, action_key=cfg.action_key)
         obs, actions = np.asarray(data["obs"]), np.asarray(data["actions"])
         want_obs = getattr(self.policy, "obs_dim", None)
@@ -170,8 +211,9 @@ class BCLearner:
     def update(self, batch: dict[str, Any], cfg: BCConfig, progress: float = 0.0) -> dict[str, float]:
         if self.obs is None or self.actions is None:
             raise RuntimeError("BC: no dataset loaded (the controller calls load_dataset at setup)")
+        lr = scheduled_lr(cfg.lr, cfg.lr_schedule, progress)
         for group in self.optimizer.param_groups:
-            group["lr"] = cfg.lr
+            group["lr"] = lr
         params = [p for p in self.policy.parameters() if p.requires_grad]
         n = len(self.obs)
         losses = []
@@ -183,7 +225,7 @@ class BCLearner:
             sample = torch.randint(n, (min(4096, n),), generator=self.generator)
             mode = self.policy.distribution(self.obs[sample]).mode()
             mse = float((mode - self.actions[sample]).pow(2).mean())
-        return {"bc_loss": float(np.mean(losses)), "action_mse": mse, "lr": cfg.lr,
+        return {"bc_loss": float(np.mean(losses)), "action_mse": mse, "lr": lr,
                 "trainable_params": float(sum(p.numel() for p in params))}  # fmt: skip
 
     def export_weights(self) -> dict[str, Tensor]:
@@ -213,8 +255,9 @@ def update_stage(ctx: Any) -> dict[str, Any]:
 
 
 def evaluate_stage(ctx: Any) -> dict[str, Any]:
-    """Play ``eval_steps`` steps per env with the synced policy; episodes feed success and return."""
-    return ctx.collect_rollout(ctx.hp.eval_steps)
+    """Play ``eval_steps`` steps per env with the synced policy (its mode, or samples: ``eval_actions``);
+    episodes feed success and return."""
+    return ctx.collect_rollout(ctx.hp.eval_steps, acting=ctx.hp.eval_actions)
 
 
 BC = register_algorithm(
