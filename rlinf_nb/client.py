@@ -23,6 +23,7 @@ from rlinf_nb.run_config import ALIASES, RunConfig
 from rlinf_nb.runtime import cluster
 from rlinf_nb.runtime.controller import RunController, actor_name, source_of
 from rlinf_nb.runtime.rundir import RunDir, dedupe_steps
+from rlinf_nb.runtime.setup_progress import setup_text
 
 FINAL_STATES = ("finished", "stopped", "failed", "lost")
 
@@ -261,15 +262,34 @@ class Run:
         return self._actor() is not None
 
     def _wait_started(self, timeout: float = 600) -> None:
+        """Wait until setup is over. Setup work that reports progress (recording demos) shows a tqdm bar,
+        and each report it makes restarts the ``timeout``: a long recording is not a hung start."""
+        from tqdm.auto import tqdm
+
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            st = self.status()
-            if st["state"] != "starting":
-                if st["state"] == "failed":
-                    raise RuntimeError(f"run {self.name!r} failed to start:\n{st['error']}")
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"run {self.name!r} did not start within {timeout} s")
+        bar, last = None, None
+        try:
+            while time.time() < deadline:
+                st = self.status()
+                if st["state"] != "starting":
+                    if st["state"] == "failed":
+                        raise RuntimeError(f"run {self.name!r} failed to start:\n{st['error']}")
+                    if bar is not None:  # its last report may have come after the last poll
+                        bar.update(bar.total - bar.n)
+                    return
+                setup = st.get("setup")
+                if setup and setup != last:
+                    if bar is None or setup["task"] != last["task"]:
+                        if bar is not None:
+                            bar.close()
+                        bar = tqdm(total=setup["total"], desc=f"{self.name}: {setup['task']}", unit="episode")
+                    bar.update(setup["done"] - bar.n)
+                    last, deadline = setup, time.time() + timeout
+                time.sleep(0.2)
+            raise TimeoutError(f"run {self.name!r} did not start within {timeout} s")
+        finally:
+            if bar is not None:
+                bar.close()
 
     # ------------------------------------------------------------------ control
 
@@ -482,7 +502,8 @@ class Run:
                 status = self.status()
                 bar.n = min(total, status["env_steps"])
                 ret = status.get("episode_return_mean")
-                bar.set_postfix(state=status["state"], ret=f"{ret:.1f}" if ret is not None else "-")
+                setup = setup_text(status)  # recording demos before the first iteration
+                bar.set_postfix(state=setup or status["state"], ret=f"{ret:.1f}" if ret is not None else "-")
                 bar.refresh()
                 if _reached(until, last, status):
                     return status

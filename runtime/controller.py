@@ -36,6 +36,7 @@ from .links import LinkDelays
 from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
 from .rundir import RunDir, dedupe_steps
+from .setup_progress import SetupReporter
 from .worker import GroupFuture, GroupPlacement, LocalWorkerGroup, WorkerGroup, check_placement
 from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
 
@@ -143,6 +144,7 @@ class RunControllerImpl:
         self.cond = threading.Condition(self.lock)
         self.mode = "pause" if paused else "run"  # run | pause | step; paused: wait before the first stage
         self.state = "starting"  # starting | running | paused | finished | stopped | failed
+        self.setup_progress: dict[str, Any] | None = None  # long setup work, reported by the learner
         self.error: str | None = None
         self.stop_requested = False
         self.step_target: str | None = None  # step mode: run until this stage (or "__next__") completes
@@ -296,13 +298,19 @@ class RunControllerImpl:
         timings["setup_workers_s"] = time.perf_counter() - t_setup
         demos = getattr(cfg.algo, "demos", None)
         if demos:  # a resumed run's checkpoint replaces the demo buffer with its own copy
-            stats = self.groups["actor"].call("load_demos", demos, env_dict, cfg.seed).get(timeout=900)[0]
+            progress = self._setup_reporter(f"playing demos ({demos})")
+            stats = (
+                self.groups["actor"]
+                .call("load_demos", demos, env_dict, cfg.seed, progress)
+                .get(timeout=900)[0]
+            )
             self.event("demos", source=demos, **stats)
         dataset = getattr(cfg.algo, "dataset", None)
         if dataset:  # an offline learner's dataset (BC): loaded on the learner, recorded on first use
+            progress = self._setup_reporter(f"recording dataset ({dataset})")
             stats = (
                 self.groups["actor"]
-                .call("load_dataset", dataset, env_dict, cfg.seed, cfg.algo)
+                .call("load_dataset", dataset, env_dict, cfg.seed, cfg.algo, progress)
                 .get(timeout=1800)[0]
             )
             self.event("dataset", source=dataset, **stats)
@@ -311,6 +319,18 @@ class RunControllerImpl:
         self.sync_weights()
         timings["setup_s"] = time.perf_counter() - t_setup
         self.setup_timings = {k: round(v, 3) for k, v in timings.items()}
+
+    def _setup_reporter(self, task: str) -> SetupReporter | None:
+        """A progress callback for the learner's setup work, reporting to this run's controller actor."""
+        try:
+            return SetupReporter(ray.get_runtime_context().current_actor, task)
+        except RuntimeError:  # not inside an actor (a controller built in-process): no reports
+            return None
+
+    def report_setup(self, task: str, done: int, total: int) -> None:
+        with self.lock:
+            if self.state == "starting":  # a late report after setup ended is dropped
+                self.setup_progress = {"task": task, "done": done, "total": total}
 
     def _learner_start_config(self, algo_cfg: Any) -> Any:
         """``algo_cfg`` as the learner is built with: a run restoring its own checkpoint skips ``init_from``.
@@ -943,6 +963,8 @@ class RunControllerImpl:
                 "steps_per_s": last.get("steps_per_s"),
                 "episode_return_mean": last.get("episode_return_mean"),
                 "stage_times": dict(self.stage_times),
+                # {task, done, total} while setup records demos, else None
+                "setup": self.setup_progress if self.state == "starting" else None,
                 "overrides": {k: v[1] or getattr(v[0], "__name__", "") for k, v in self.overrides.items()},
                 "error": self.error,
                 "started_at": self.started_at,
@@ -1055,6 +1077,10 @@ class RunController:
     async def status(self) -> dict[str, Any]:
         await self.impl.robots.refresh()
         return self.impl.status()
+
+    async def report_setup(self, task: str, done: int, total: int) -> None:
+        """Setup progress from the learner (:class:`.setup_progress.SetupReporter`); not a user's call."""
+        self.impl.report_setup(task, done, total)
 
     @_touches
     async def health(self) -> dict[str, Any]:

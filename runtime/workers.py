@@ -25,6 +25,7 @@ from .frames import FramePublisher
 from .inference import PolicyServer
 from .robot_claims import env_id_for, robot_of
 from .robot_control import RobotControl
+from .setup_progress import SetupReporter
 from .worker import Worker
 
 ABORT = "abort"
@@ -484,16 +485,27 @@ class LearnerWorker(Worker):
         out["policy_version"] = self.version
         return out
 
-    def load_demos(self, spec: str, env_cfg: dict[str, Any], seed: int) -> dict[str, float]:
-        """Fill the learner's demo buffer from ``spec`` (``algo.demos``, e.g. ``scripted:20``) for the run's env."""
+    def load_demos(
+        self, spec: str, env_cfg: dict[str, Any], seed: int, progress: SetupReporter | None = None
+    ) -> dict[str, float]:
+        """Fill the learner's demo buffer from ``spec`` (``algo.demos``, e.g. ``scripted:20``) for the run's env;
+        ``progress(done, total)`` hears of each demo episode played."""
         from rlinf_nb.envs.scripted import demo_transitions
 
-        transitions, stats = demo_transitions(spec, env_cfg, seed)
+        transitions, stats = demo_transitions(spec, env_cfg, seed, progress)
         return {**stats, "transitions": float(self.learner.add_demos(transitions))}
 
-    def load_dataset(self, spec: str, env_cfg: dict[str, Any], seed: int, algo_cfg: Any) -> dict[str, Any]:
-        """Load the learner's training dataset (``algo.dataset``, e.g. BC's) for the run's env."""
-        return self.learner.load_dataset(spec, env_cfg, seed, algo_cfg)
+    def load_dataset(
+        self,
+        spec: str,
+        env_cfg: dict[str, Any],
+        seed: int,
+        algo_cfg: Any,
+        progress: SetupReporter | None = None,
+    ) -> dict[str, Any]:
+        """Load the learner's training dataset (``algo.dataset``, e.g. BC's) for the run's env; ``progress(done,
+        total)`` hears of each episode recorded when a ``scripted:<n>`` dataset is not cached yet."""
+        return self.learner.load_dataset(spec, env_cfg, seed, algo_cfg, progress=progress or False)
 
     def get_weights(self) -> tuple[dict[str, np.ndarray], int]:
         # A learner that reshapes the policy (LoRA adapters) exports the plain weights itself.

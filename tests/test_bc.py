@@ -127,7 +127,16 @@ def test_scripted_dataset_is_a_lerobot_dataset_with_the_expert_episodes(tmp_path
     from rlinf_nb.data.transitions import dataset_to_transitions
     from rlinf_nb.envs.scripted import pushcube_policy, scripted_episodes
 
-    out = record_scripted_dataset(tmp_path / "demos", PUSHCUBE["id"], 3, seed=5, **PUSHCUBE["kwargs"])
+    reports = []
+    out = record_scripted_dataset(
+        tmp_path / "demos",
+        PUSHCUBE["id"],
+        3,
+        seed=5,
+        progress=lambda *a: reports.append(a),
+        **PUSHCUBE["kwargs"],
+    )
+    assert reports == [(1, 3), (2, 3), (3, 3)]  # one per episode kept
     ds = LeRobotDataset("local/demos", root=out, video_backend="pyav")
     assert ds.meta.total_episodes == 3
     expected, _ = scripted_episodes(PUSHCUBE["id"], 3, seed=5, **PUSHCUBE["kwargs"])

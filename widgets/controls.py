@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import ipywidgets as widgets
+from rlinf_nb.runtime.setup_progress import setup_text
 
 from rlinf_nb.client import FINAL_STATES
 
@@ -73,7 +74,7 @@ class Actions:
 
 
 def status_html(st: dict[str, Any] | None, error: str | None = None) -> str:
-    """The one-line run status: state, next stage, step, env steps, steps/s, return."""
+    """The one-line run status: state (and setup progress), next stage, step, env steps, steps/s, return."""
     if error:
         return f"<span style='color:#d62728'>{html.escape(error)}</span>"
     if not st:
@@ -92,6 +93,9 @@ def status_html(st: dict[str, Any] | None, error: str | None = None) -> str:
     ]
     if st.get("overrides"):
         parts.append("overrides: " + ", ".join(html.escape(k) for k in st["overrides"]))
+    setup = setup_text(st)
+    if setup:  # recording demos before the first iteration (minutes for some tasks)
+        parts.insert(1, html.escape(setup))
     return " · ".join(parts)
 
 

@@ -28,6 +28,7 @@ DART-style: the env driven with noisy actions, the expert's clean actions as lab
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,15 +148,22 @@ def gradient_step(
 
 
 def resolve_dataset(
-    spec: str, env_cfg: dict[str, Any], seed: int = 0, demo_noise: tuple[float, ...] = ()
-) -> Path:
-    """The LeRobot dataset directory ``spec`` (``algo.dataset``) names for a run's env."""
+    spec: str, env_cfg: dict[str, Any], seed: int = 0, demo_noise: tuple[float, ...] = (),
+    progress: bool | Callable[[int, int], None] = True,
+) -> Path:  # fmt: skip
+    """The LeRobot dataset directory ``spec`` (``algo.dataset``) names for a run's env.
+
+    ``progress``: how a ``scripted:<n>`` dataset that is not cached yet reports its recording (see
+    :func:`~rlinf_nb.data.expert.record_scripted_dataset`).
+    """
     from rlinf_nb.data.expert import cached_scripted_dataset
     from rlinf_nb.data.merging import merge
 
     kind, _, arg = spec.partition(":")
     if kind == "scripted":
-        return cached_scripted_dataset(env_cfg, int(arg), seed=seed + 2_000_003, action_noise=demo_noise)
+        return cached_scripted_dataset(
+            env_cfg, int(arg), seed=seed + 2_000_003, action_noise=demo_noise, progress=progress
+        )
     path = Path(spec).expanduser()
     if not path.exists():
         raise ConfigError(
@@ -189,11 +197,14 @@ class BCLearner:
         self.actions: Tensor | None = None
         self.dataset_path: str | None = None
 
-    def load_dataset(self, spec: str, env_cfg: dict[str, Any], seed: int, cfg: BCConfig) -> dict[str, Any]:
+    def load_dataset(
+        self, spec: str, env_cfg: dict[str, Any], seed: int, cfg: BCConfig,
+        progress: bool | Callable[[int, int], None] = True,
+    ) -> dict[str, Any]:  # fmt: skip
         """Resolve ``spec`` and load its (obs, action) pairs, checking them against the policy."""
         from rlinf_nb.data.transitions import dataset_to_transitions
 
-        path = resolve_dataset(spec, env_cfg, seed, cfg.demo_noise)
+        path = resolve_dataset(spec, env_cfg, seed, cfg.demo_noise, progress)
         data = dataset_to_transitions(path, obs_keys=cfg.obs_key, action_key=cfg.action_key)
         obs, actions = np.asarray(data["obs"]), np.asarray(data["actions"])
         want_obs = getattr(self.policy, "obs_dim", None)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ __all__ = ["cached_scripted_dataset", "record_scripted_dataset"]
 
 def record_scripted_dataset(
     out: str | Path, env_id: str, episodes: int, *, seed: int = 0, fps: int = 20, task: str | None = None,
-    action_noise: Sequence[float] = (), **env_kwargs: Any,
+    action_noise: Sequence[float] = (), progress: bool | Callable[[int, int], None] = True, **env_kwargs: Any,
 ) -> Path:  # fmt: skip
     """Record ``episodes`` scripted episodes of ``env_id`` into a LeRobot dataset at ``out``.
 
@@ -38,7 +39,8 @@ def record_scripted_dataset(
     (DART-style demos, see :func:`~rlinf_nb.envs.scripted.scripted_episodes`) the env is driven with
     noisy actions, ``action`` holds the expert's clean label for each state, and every episode is kept,
     failed ones too (their labels are the expert's all the same); ``next.success`` tells them apart.
-    ``out`` appears only when complete (see :func:`merge`).
+    ``out`` appears only when complete (see :func:`merge`). ``progress``: a tqdm bar over the episodes
+    (``True``), none (``False``), or ``progress(kept, episodes)`` called after each episode kept.
 
     Raises:
         FileExistsError: ``out`` exists.
@@ -52,9 +54,11 @@ def record_scripted_dataset(
     if out.exists():
         raise FileExistsError(f"record_scripted_dataset: {out} already exists")
     noisy = any(std > 0 for std in action_noise)
-    transitions, _ = scripted_episodes(
-        env_id, episodes, seed=seed, successful_only=not noisy, action_noise=action_noise, **env_kwargs
-    )
+    with _episode_progress(progress, episodes, f"recording {env_id}") as report:
+        transitions, _ = scripted_episodes(
+            env_id, episodes, seed=seed, successful_only=not noisy, action_noise=action_noise,
+            progress=report, **env_kwargs,
+        )  # fmt: skip
     obs = transitions["obs"].reshape(len(transitions["obs"]), -1).astype(np.float32)
     actions = transitions["actions"].reshape(len(obs), -1).astype(np.float32)
     ends = np.flatnonzero(transitions["done"]) + 1
@@ -77,13 +81,33 @@ def record_scripted_dataset(
     return out
 
 
+@contextmanager
+def _episode_progress(
+    progress: bool | Callable[[int, int], None], episodes: int, desc: str
+) -> Iterator[Callable[[int, int], None] | None]:
+    """The ``progress(kept, episodes)`` callback :func:`record_scripted_dataset` was asked for."""
+    if callable(progress) or not progress:
+        yield progress or None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=episodes, desc=desc, unit="episode") as bar:
+
+        def report(kept: int, total: int) -> None:
+            bar.update(kept - bar.n)
+
+        yield report
+
+
 def cached_scripted_dataset(
-    env_cfg: Mapping[str, Any], episodes: int, seed: int = 0, action_noise: Sequence[float] = ()
-) -> Path:
+    env_cfg: Mapping[str, Any], episodes: int, seed: int = 0, action_noise: Sequence[float] = (),
+    progress: bool | Callable[[int, int], None] = True,
+) -> Path:  # fmt: skip
     """The scripted-expert dataset for a run's ``env`` section, recorded once under ``RLINF_NB_HOME``.
 
     The cache key covers the env id, its kwargs (render mode aside), the episode count, the seed and
     the action noise; a dataset is used only once complete (merge renames it into place at the end).
+    ``progress`` is that of :func:`record_scripted_dataset`, used only when it records.
     """
     kwargs = {k: v for k, v in dict(env_cfg.get("kwargs") or {}).items() if k != "render_mode"}
     spec = {"id": env_cfg["id"], "kwargs": kwargs, "episodes": episodes, "seed": seed}
@@ -98,5 +122,5 @@ def cached_scripted_dataset(
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     return record_scripted_dataset(
-        out, env_cfg["id"], episodes, seed=seed, action_noise=action_noise, **kwargs
+        out, env_cfg["id"], episodes, seed=seed, action_noise=action_noise, progress=progress, **kwargs
     )

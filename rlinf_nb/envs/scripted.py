@@ -121,7 +121,7 @@ SCRIPTED_POLICIES: dict[str, ScriptedExpert] = {
 
 def scripted_episodes(
     env_id: str, episodes: int, seed: int = 0, successful_only: bool = True, max_tries: int | None = None,
-    action_noise: Sequence[float] = (), **env_kwargs: Any,
+    action_noise: Sequence[float] = (), progress: Callable[[int, int], None] | None = None, **env_kwargs: Any,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:  # fmt: skip
     """Transitions of ``episodes`` episodes of the scripted policy of ``env_id`` (one env, seeded).
 
@@ -139,6 +139,9 @@ def scripted_episodes(
 
     With ``obs_features`` among the env kwargs, ``obs`` holds the featured observations and the
     expert acts on the plain state inside them.
+
+    ``progress(kept, episodes)`` is called after every episode kept (a progress bar or a run's setup
+    report: 200 PegInsertionSide episodes take minutes).
     """
     from rlinf_nb.envs import make_env
 
@@ -187,6 +190,8 @@ def scripted_episodes(
                 successes += success
                 if success or not successful_only:
                     kept.append(ep)
+                    if progress is not None:
+                        progress(len(kept), episodes)
                 ep = {k: [] for k in keys}
                 std = rng.choice(noise) if len(noise) else 0.0
     finally:
@@ -204,16 +209,16 @@ def scripted_episodes(
 
 
 def demo_transitions(
-    spec: str, env_cfg: Mapping[str, Any], seed: int = 0
+    spec: str, env_cfg: Mapping[str, Any], seed: int = 0, progress: Callable[[int, int], None] | None = None
 ) -> tuple[dict[str, np.ndarray], dict]:
     """The demo transitions named by ``spec`` for the run's env (``env_cfg``: the run's ``env`` section).
 
     ``"scripted:<n>"``: ``n`` successful episodes of the env's scripted policy, seeded apart from
-    the run's own envs.
+    the run's own envs. ``progress``: see :func:`scripted_episodes`.
     """
     kind, _, arg = spec.partition(":")
     if kind != "scripted" or not arg.isdigit() or int(arg) < 1:
         raise ConfigError("algo.demos", spec, "expected 'scripted:<n>' with n >= 1 episodes")
     kwargs = dict(env_cfg.get("kwargs") or {})
     kwargs.pop("render_mode", None)
-    return scripted_episodes(env_cfg["id"], int(arg), seed=seed + 1_000_003, **kwargs)
+    return scripted_episodes(env_cfg["id"], int(arg), seed=seed + 1_000_003, progress=progress, **kwargs)
