@@ -107,9 +107,11 @@ def launch(config_or_recipe: str | Mapping[str, Any] | RunConfig, name: str | No
         ray.kill(existing)
         _wait_gone(name)
     algorithm = _shippable_algorithm(cfg.algorithm)
+    obs_features = _shippable_obs_features(cfg)
     RunController.options(name=actor_name(name), namespace=cluster.NAMESPACE, lifetime="detached",
                           max_restarts=0).remote(name, to_dict(cfg), resume, algorithm, paused,
-                                                 nested_overrides(overrides) if resume else None)  # fmt: skip
+                                                 nested_overrides(overrides) if resume else None,
+                                                 obs_features)  # fmt: skip
     run = Run(name)
     run._wait_started()
     return run
@@ -131,6 +133,23 @@ def _shippable_algorithm(name: str) -> bytes:
             f"algorithm {name!r} cannot be sent to the cluster: its config class, stages or learner do not "
             f"pickle ({type(exc).__name__}: {exc}); keep them free of open files, locks and widgets"
         ) from exc
+
+
+def _shippable_obs_features(cfg: RunConfig) -> bytes | None:
+    """The feature set ``env.kwargs.obs_features`` names, cloudpickled for the run's workers (see
+    :mod:`rlinf_nb.envs.obs_features`): one registered in a notebook cell works on the cluster."""
+    name = cfg.env.kwargs.get("obs_features")
+    if name is None:
+        return None
+    from rlinf_nb.envs.obs_features import obs_feature_names, shippable_obs_features
+
+    if name not in obs_feature_names():
+        raise ConfigError(
+            "env.kwargs.obs_features", name,
+            f"allowed values: {', '.join(obs_feature_names())} (or one registered in this process with "
+            "rlinf_nb.envs.obs_features.register_obs_features)",
+        )  # fmt: skip
+    return shippable_obs_features(name)
 
 
 def _check_name(name: str) -> None:

@@ -112,9 +112,11 @@ class RunControllerImpl:
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
                  algorithm: bytes | None = None, paused: bool = False,
-                 resume_overrides: dict[str, Any] | None = None):  # fmt: skip
+                 resume_overrides: dict[str, Any] | None = None, obs_features: bytes | None = None):  # fmt: skip
         """``resume_overrides``: the nested overrides a ``resume=True`` launch was given; they apply on top
-        of the restored checkpoint's config (which carries the live changes made before it was saved)."""
+        of the restored checkpoint's config (which carries the live changes made before it was saved).
+        ``obs_features``: the feature set ``env.kwargs.obs_features`` names, shipped by the client; the env
+        workers and the learner (which records demos) install it before they build envs."""
         self.created_at = time.perf_counter()
         self.name = name
         self.run_dir = RunDir(name)
@@ -124,6 +126,7 @@ class RunControllerImpl:
         # The env workers start first, from the config dict alone: their start overlaps the import of
         # the algorithm (torch) below. What goes wrong there is raised by setup() (the run fails).
         self.env_start_error: BaseException | None = None
+        self.obs_features = obs_features
         self.placements = self._start_env_workers(config)
         env_requested = time.perf_counter()
         if algorithm is not None:  # shipped by the client (cloudpickled): may be defined in a notebook cell
@@ -226,7 +229,8 @@ class RunControllerImpl:
                 "env", EnvWorker, placements["env"], (config["env"], config["seed"]),
                 {"record": _record_section(config["record"], self.run_dir),
                  "compression": config["compression"], "robots": p.env.robots,
-                 **({"policy": config["policy"]} if colocated else {})},
+                 **({"policy": config["policy"]} if colocated else {}),
+                 **({"obs_features": self.obs_features} if self.obs_features else {})},
                 max_restarts=3,
             )  # fmt: skip
             return placements
@@ -301,7 +305,7 @@ class RunControllerImpl:
             progress = self._setup_reporter(f"playing demos ({demos})")
             stats = (
                 self.groups["actor"]
-                .call("load_demos", demos, env_dict, cfg.seed, progress)
+                .call("load_demos", demos, env_dict, cfg.seed, progress, self.obs_features)
                 .get(timeout=900)[0]
             )
             self.event("demos", source=demos, **stats)
@@ -310,7 +314,7 @@ class RunControllerImpl:
             progress = self._setup_reporter(f"recording dataset ({dataset})")
             stats = (
                 self.groups["actor"]
-                .call("load_dataset", dataset, env_dict, cfg.seed, cfg.algo, progress)
+                .call("load_dataset", dataset, env_dict, cfg.seed, cfg.algo, progress, self.obs_features)
                 .get(timeout=1800)[0]
             )
             self.event("dataset", source=dataset, **stats)
@@ -1051,8 +1055,8 @@ class RunController:
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
                  algorithm: bytes | None = None, paused: bool = False,
-                 resume_overrides: dict[str, Any] | None = None):  # fmt: skip
-        self.impl = RunControllerImpl(name, config, resume, algorithm, paused, resume_overrides)
+                 resume_overrides: dict[str, Any] | None = None, obs_features: bytes | None = None):  # fmt: skip
+        self.impl = RunControllerImpl(name, config, resume, algorithm, paused, resume_overrides, obs_features)
         self.last_call = time.time()
         self.impl.thread.start()
         threading.Thread(target=self._linger_watch, name=f"linger-{name}", daemon=True).start()

@@ -48,11 +48,16 @@ class EnvWorker(Worker):
 
     def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int,
                  record: dict[str, Any] | None = None, compression: dict[str, Any] | None = None,
-                 robots: list[str] | None = None, policy: dict[str, Any] | None = None):  # fmt: skip
+                 robots: list[str] | None = None, policy: dict[str, Any] | None = None,
+                 obs_features: bytes | None = None):  # fmt: skip
         """``policy`` (the run's policy section) makes this worker run its own copy of the policy
-        (``placement.env_to_rollout: colocated``); None: a rollout worker answers it."""
+        (``placement.env_to_rollout: colocated``); None: a rollout worker answers it. ``obs_features``: a
+        shipped feature set (:func:`rlinf_nb.envs.obs_features.install_obs_features`), installed first."""
         super().__init__(rank, world_size, group)
         from rlinf_nb.envs import make_env
+        from rlinf_nb.envs.obs_features import install_obs_features
+
+        install_obs_features(obs_features)
 
         # placement.env.robots: this worker holds robots[rank] and runs env.id with {robot} replaced
         self.robot = robot_of(robots, rank)
@@ -486,11 +491,15 @@ class LearnerWorker(Worker):
         return out
 
     def load_demos(
-        self, spec: str, env_cfg: dict[str, Any], seed: int, progress: SetupReporter | None = None
-    ) -> dict[str, float]:
+        self, spec: str, env_cfg: dict[str, Any], seed: int, progress: SetupReporter | None = None,
+        obs_features: bytes | None = None,
+    ) -> dict[str, float]:  # fmt: skip
         """Fill the learner's demo buffer from ``spec`` (``algo.demos``, e.g. ``scripted:20``) for the run's env;
-        ``progress(done, total)`` hears of each demo episode played."""
+        ``progress(done, total)`` hears of each demo episode played; ``obs_features``: as the env workers'."""
+        from rlinf_nb.envs.obs_features import install_obs_features
         from rlinf_nb.envs.scripted import demo_transitions
+
+        install_obs_features(obs_features)
 
         transitions, stats = demo_transitions(spec, env_cfg, seed, progress)
         return {**stats, "transitions": float(self.learner.add_demos(transitions))}
@@ -502,9 +511,14 @@ class LearnerWorker(Worker):
         seed: int,
         algo_cfg: Any,
         progress: SetupReporter | None = None,
+        obs_features: bytes | None = None,
     ) -> dict[str, Any]:
         """Load the learner's training dataset (``algo.dataset``, e.g. BC's) for the run's env; ``progress(done,
-        total)`` hears of each episode recorded when a ``scripted:<n>`` dataset is not cached yet."""
+        total)`` hears of each episode recorded when a ``scripted:<n>`` dataset is not cached yet;
+        ``obs_features``: as the env workers'."""
+        from rlinf_nb.envs.obs_features import install_obs_features
+
+        install_obs_features(obs_features)
         return self.learner.load_dataset(spec, env_cfg, seed, algo_cfg, progress=progress or False)
 
     def get_weights(self) -> tuple[dict[str, np.ndarray], int]:

@@ -151,3 +151,38 @@ def test_a_noisy_scripted_dataset_is_split_at_every_episode_end_and_lerobot_read
     assert 0.0 < stats["success_rate"] < 1.0, stats  # both kinds of episode are in it (seeded draw)
     ends = np.flatnonzero(np.diff(data["episode_index"])) + 1
     np.testing.assert_array_equal(ends, np.flatnonzero(expected["done"])[:-1] + 1)
+
+
+def test_a_feature_set_registered_in_the_client_runs_on_the_cluster(attached, monkeypatch):
+    """As in a notebook cell: the set exists only in this process; launch ships it to the env workers and
+    to the learner that records the demos, and a name registered nowhere fails at launch, naming the key."""
+    import random
+    import uuid
+
+    import rlinf_nb as rl
+
+    monkeypatch.setattr(obs_features, "_REGISTRY", dict(obs_features._REGISTRY))  # registered here only
+    pushcube = {"obs_mode": "state", "control_mode": "pd_ee_delta_pos", "sim_backend": "physx_cpu"}
+    state_dim = make_env("maniskill:PushCube-v1", 1, seed=0, **pushcube).observation_space.shape[0]
+
+    @register_obs_features("test_client_only", state_dim=state_dim)
+    def first_three_doubled(state):  # a local function: cloudpickled by value, as a notebook cell's
+        return 2 * state[:, :3]
+
+    with pytest.raises(ConfigError, match=r"env\.kwargs\.obs_features.*'not_registered'.*test_client_only"):
+        rl.launch("bc_pushcube", env__kwargs__obs_features="not_registered")
+    run = rl.launch(
+        "bc_pushcube", name=f"feat-{uuid.uuid4().hex[:6]}", seed=random.randrange(10_000, 10**9),
+        env__kwargs__obs_features="test_client_only", algo__dataset="scripted:5", budget__total_env_steps=200,
+    )  # fmt: skip
+    run.wait(timeout=300, progress=False)
+    status = run.status()
+    assert status["state"] == "finished", status[
+        "error"
+    ]  # env workers built featured envs; BC evaluated on them
+    dataset = run.events().query("kind == 'dataset'").iloc[0]["dataset"]
+    from rlinf_nb.data.transitions import dataset_to_transitions
+
+    obs = dataset_to_transitions(dataset, obs_keys="observation.state")["obs"]
+    assert obs.shape[1] == state_dim + 3  # the learner recorded the demos with the features too
+    np.testing.assert_allclose(obs[:, :3], 2 * obs[:, 3:6], rtol=1e-6)

@@ -14,6 +14,11 @@ Register a new set with::
     @register_obs_features("my_task", state_dim=35)
     def my_task_features(state: np.ndarray) -> np.ndarray:  # [N, 35] -> float32 [N, F]
         ...
+
+in a notebook cell too: ``rl.launch`` ships the named set to the run's workers
+(:func:`shippable_obs_features`, cloudpickled as algorithms are), which install it before they
+build their envs (:func:`install_obs_features`). Recorded ``scripted:<n>`` datasets are cached under
+the set's name, not its code: a changed function needs a new name.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ObsFeatures", "get_obs_features", "obs_feature_names", "register_obs_features"]
+__all__ = [
+    "ObsFeatures",
+    "get_obs_features",
+    "install_obs_features",
+    "obs_feature_names",
+    "register_obs_features",
+    "shippable_obs_features",
+]
 
 
 @dataclass(frozen=True)
@@ -79,3 +91,29 @@ def get_obs_features(name: str) -> ObsFeatures:
     if name not in _REGISTRY:
         raise ValueError(f"obs_features: got {name!r}; allowed values: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
+
+
+def shippable_obs_features(name: str) -> bytes:
+    """The registered feature set ``name``, cloudpickled for a run's workers (a set defined in a notebook
+    cell is pickled by value); ``ValueError`` names the registered ones for an unknown name."""
+    import cloudpickle
+
+    features = get_obs_features(name)
+    try:
+        return cloudpickle.dumps(features)
+    except Exception as exc:  # noqa: BLE001 - re-raised with what to fix
+        raise TypeError(
+            f"obs_features {name!r} cannot be sent to the cluster ({type(exc).__name__}: {exc}); keep its "
+            "function free of open files, locks and widgets"
+        ) from exc
+
+
+def install_obs_features(shipped: bytes | None) -> None:
+    """Register a feature set shipped by :func:`shippable_obs_features` in this process (None: nothing)."""
+    if shipped is None:
+        return
+    import cloudpickle
+
+    _load_builtins()
+    features: ObsFeatures = cloudpickle.loads(shipped)
+    _REGISTRY[features.name] = features
