@@ -121,18 +121,10 @@ def _shippable_algorithm(name: str) -> bytes:
     """The registered algorithm ``name``, cloudpickled: the controller installs this copy, so an
     algorithm defined in a notebook cell (pickled by value) runs on the cluster. Bytes, not the object:
     the controller unpickles it (importing the algorithm's modules, torch) once its env workers start."""
-    import cloudpickle
-
     from rlinf_nb.algorithms.registry import get_algorithm
+    from rlinf_nb.shipping import ship
 
-    algo = get_algorithm(name)
-    try:
-        return cloudpickle.dumps(algo)
-    except Exception as exc:  # noqa: BLE001 - re-raised with what to fix
-        raise TypeError(
-            f"algorithm {name!r} cannot be sent to the cluster: its config class, stages or learner do not "
-            f"pickle ({type(exc).__name__}: {exc}); keep them free of open files, locks and widgets"
-        ) from exc
+    return ship(get_algorithm(name), f"algorithm {name!r}", "its config class, stages or learner")
 
 
 def _shippable_obs_features(cfg: RunConfig) -> bytes | None:

@@ -81,6 +81,20 @@ def test_feature_registry_names_its_sets_and_refuses_unknown_and_misshapen_input
     np.testing.assert_array_equal(out, [[2.0, 6.0, 1.0, 3.0]])
     assert get_obs_features("test_doubled").doc == "Twice the state."
 
+    import threading
+
+    lock = threading.Lock()
+
+    @register_obs_features("test_holds_a_lock", state_dim=2)
+    def locked(state):
+        with lock:
+            return state
+
+    with pytest.raises(
+        TypeError, match="obs_features 'test_holds_a_lock' cannot be sent to the cluster.*lock"
+    ):
+        obs_features.shippable_obs_features("test_holds_a_lock")
+
 
 def test_maniskill_env_with_features_gives_features_then_state_and_the_expert_its_state():
     env = make_env(PEG, 2, seed=4, obs_features="peg_insertion", **PEG_KW)

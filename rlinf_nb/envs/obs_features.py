@@ -96,16 +96,9 @@ def get_obs_features(name: str) -> ObsFeatures:
 def shippable_obs_features(name: str) -> bytes:
     """The registered feature set ``name``, cloudpickled for a run's workers (a set defined in a notebook
     cell is pickled by value); ``ValueError`` names the registered ones for an unknown name."""
-    import cloudpickle
+    from rlinf_nb.shipping import ship
 
-    features = get_obs_features(name)
-    try:
-        return cloudpickle.dumps(features)
-    except Exception as exc:  # noqa: BLE001 - re-raised with what to fix
-        raise TypeError(
-            f"obs_features {name!r} cannot be sent to the cluster ({type(exc).__name__}: {exc}); keep its "
-            "function free of open files, locks and widgets"
-        ) from exc
+    return ship(get_obs_features(name), f"obs_features {name!r}", "its function and what it refers to")
 
 
 def install_obs_features(shipped: bytes | None) -> None:
