@@ -332,9 +332,9 @@ class RunControllerImpl:
             return None
 
     def report_setup(self, task: str, done: int, total: int) -> None:
+        """Keep the newest report; :meth:`status` shows it only while the run is starting."""
         with self.lock:
-            if self.state == "starting":  # a late report after setup ended is dropped
-                self.setup_progress = {"task": task, "done": done, "total": total}
+            self.setup_progress = {"task": task, "done": done, "total": total}
 
     def _learner_start_config(self, algo_cfg: Any) -> Any:
         """``algo_cfg`` as the learner is built with: a run restoring its own checkpoint skips ``init_from``.
