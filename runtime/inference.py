@@ -2,7 +2,9 @@
 
 A :class:`PolicyServer` holds a policy with versioned weights and answers observation messages
 (``{"obs", "sender", "final_obs", "final_mask", "value_only"}``, see :mod:`.workers`) with actions,
-log-probs, values, bootstrap values and the weight version that produced them. A message's ``"acting"``
+log-probs, values, bootstrap values and the weight version that produced them. A message with
+``"with_values": False`` (off-policy collection: its learner has critics of its own) gets no
+``values``, and the policy's critic is not run. A message's ``"acting"``
 (:data:`ACTING_MODES`) says how actions are picked: ``sample`` (default) draws from the policy,
 ``mode`` takes its most likely action (evaluation: BC's ``eval_actions``), ``random`` draws uniform
 random actions instead (off-policy warm-up, ``algo.random_steps``).
@@ -59,6 +61,12 @@ class TorchActing:
         with torch.no_grad():
             actions, logprobs, values = self.policy.act(tree.map(torch.as_tensor, obs), deterministic)
         return actions.numpy(), logprobs.numpy(), values.numpy()
+
+    def act_without_value(self, obs: Any, deterministic: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        actions, logprobs = self.policy.act_without_value(tree.map(torch.as_tensor, obs), deterministic)
+        return actions.numpy(), logprobs.numpy()
 
     def value(self, obs: Any) -> np.ndarray:
         import torch
@@ -160,15 +168,19 @@ class PolicyServer:
         acting = msgs[0].get("acting", "sample")
         if acting not in ACTING_MODES:
             raise ValueError(f"acting: got {acting!r}; allowed values: {', '.join(ACTING_MODES)}")
+        with_values = msgs[0].get("with_values", True)
+        values = None
         if msgs[0]["value_only"]:
             actions = logprobs = None
             values = self.acting.value(obs)
         elif acting == "random":  # off-policy warm-up (algo.random_steps): not the policy's actions
             actions = self.uniform_actions(sum(sizes))
             logprobs = np.zeros(sum(sizes), np.float32)
-            values = self.acting.value(obs)
-        else:
+            values = self.acting.value(obs) if with_values else None
+        elif with_values:
             actions, logprobs, values = self.acting.act(obs, deterministic=acting == "mode")
+        else:
+            actions, logprobs = self.acting.act_without_value(obs, deterministic=acting == "mode")
         boot = [None if m["final_obs"] is None else self.acting.value(m["final_obs"]) for m in msgs]
         if len(msgs) == 1:  # one sender (colocated and direct inference): no slicing
             return [self._reply(values, boot[0], sizes[0], actions, logprobs)]
@@ -176,14 +188,16 @@ class PolicyServer:
         replies = []
         for i in range(len(msgs)):
             sl = slice(offsets[i], offsets[i + 1])
-            replies.append(self._reply(values[sl], boot[i], sizes[i],
+            replies.append(self._reply(None if values is None else values[sl], boot[i], sizes[i],
                                        None if actions is None else actions[sl],
                                        None if logprobs is None else logprobs[sl]))  # fmt: skip
         return replies
 
-    def _reply(self, values: np.ndarray, bootstrap: np.ndarray | None, size: int,
+    def _reply(self, values: np.ndarray | None, bootstrap: np.ndarray | None, size: int,
                actions: np.ndarray | None, logprobs: np.ndarray | None) -> dict[str, Any]:  # fmt: skip
-        reply = {"values": values, "bootstrap_values": bootstrap, "version": np.full(size, self.version)}
+        reply = {"bootstrap_values": bootstrap, "version": np.full(size, self.version)}
+        if values is not None:
+            reply["values"] = values
         if actions is not None:
             reply["actions"] = actions
             reply["logprobs"] = logprobs

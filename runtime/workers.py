@@ -226,7 +226,8 @@ class EnvWorker(Worker):
         """Step ``num_steps`` times with actions from ``ask(msg) -> reply``; publish the trajectory.
 
         ``transitions=True`` (off-policy) also keeps ``next_obs`` (the true last observation where an
-        episode ended) and ``terminated``, and skips the final values-only round.
+        episode ended) and ``terminated``; it asks for no state values (its learner has critics of its
+        own: the batch has no ``values``) and skips the final values-only round.
 
         ``acting``: how the policy picks actions (:data:`.inference.ACTING_MODES`): ``sample`` from its
         distribution, ``mode`` (its most likely action: evaluation), or ``random`` (uniform random actions,
@@ -267,7 +268,8 @@ class EnvWorker(Worker):
             d, j = divmod(t, K)  # decision d, step j of its chunk (d == t, j == 0 without chunks)
             if j == 0:
                 reply = ask({"obs": self.obs_codec.encode(self.obs), "sender": self.rank, "final_obs": final_obs,
-                             "final_mask": final_mask, "value_only": t == T, "acting": acting})  # fmt: skip
+                             "final_mask": final_mask, "value_only": t == T, "acting": acting,
+                             "with_values": not transitions})  # fmt: skip
                 if reply.get(ABORT):
                     return {"aborted": True}
                 if t > 0 and final_mask is not None:
@@ -281,7 +283,9 @@ class EnvWorker(Worker):
                     buf["obs"] = tree.zeros(self.obs, lead=(D,))
                 tree.assign(buf["obs"], d, self.obs)
                 for key, value in (("actions", reply["actions"]), ("logprobs", reply["logprobs"]),
-                                   ("values", reply["values"]), ("versions", reply["version"])):  # fmt: skip
+                                   ("values", reply.get("values")), ("versions", reply["version"])):  # fmt: skip
+                    if value is None:  # off-policy: no state values asked for
+                        continue
                     arr = np.asarray(value)
                     if key not in buf:
                         buf[key] = np.zeros((D, N, *arr.shape[1:]) if arr.ndim else (D, N), arr.dtype)

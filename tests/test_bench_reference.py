@@ -1,8 +1,10 @@
-"""The pure pieces of bench/bench_ppo_pushcube.py and its single-process reference loop (no envs, no cluster)."""
+"""The pure pieces of bench/bench_ppo_pushcube.py, its single-process reference loop and
+bench/bench_rlpd_vs_sac.py (no envs, no cluster)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import bench_ppo_pushcube  # noqa: E402
+import bench_rlpd_vs_sac  # noqa: E402
 import ppo_pushcube_reference as reference  # noqa: E402
 
 from rlinf_nb.client import resolve_config  # noqa: E402
@@ -77,3 +80,28 @@ def test_worker_order_regroups_episodes_like_the_controller():
     env_indices = [9, 2, 15, 0, 8]
     values = [1.0, 2.0, 3.0, 4.0, 5.0]
     assert reference.worker_order(env_indices, values, envs_per_worker=8) == [2.0, 4.0, 1.0, 3.0, 5.0]
+
+
+def test_sac_twin_keeps_the_shared_sac_fields_and_drops_the_demos():
+    rlpd = resolve_config("rlpd_pushcube", seed=3, algo__demos="scripted:10", algo__utd=3.0)
+    twin = resolve_config(bench_rlpd_vs_sac.sac_twin_of(rlpd))  # a valid sac run config
+    assert twin.algorithm == "sac" and twin.seed == 3 and twin.env == rlpd.env and twin.policy == rlpd.policy
+    assert twin.budget == rlpd.budget
+    assert (twin.algo.utd, twin.algo.random_steps, twin.algo.gamma) == (3.0, 0, rlpd.algo.gamma)
+    assert not hasattr(twin.algo, "demos")
+    assert twin.algo.num_critics == 2  # SAC's own default, not RLPD's ensemble
+    with_warmup = resolve_config(bench_rlpd_vs_sac.sac_twin_of(rlpd, warmup=True))
+    from rlinf_nb.algorithms.sac import SACConfig
+
+    assert with_warmup.algo.random_steps == SACConfig().random_steps > 0
+
+
+def test_rlpd_vs_sac_summary_reads_late_success_area_and_first_reach():
+    df = pd.DataFrame({"env_steps": [1000, 2000, 3000, 4000, 5000],
+                       "success_rate": [None, 0.2, 0.6, 0.4, 0.8]})  # fmt: skip
+    out = bench_rlpd_vs_sac.summarise(df, budget=5000)
+    assert out["late"] == pytest.approx((0.4 + 0.8) / 2)  # the rows past 3/4 of the budget (3750 env steps)
+    assert out["auc"] == pytest.approx((0 + 0.2 + 0.6 + 0.4 + 0.8) / 5)  # no episode yet counts as 0
+    assert out["to_reach"] == 3000
+    never = bench_rlpd_vs_sac.summarise(df.assign(success_rate=0.1), budget=5000)
+    assert math.isnan(never["to_reach"])

@@ -353,3 +353,24 @@ def test_ppo_on_maniskill_pushcube_runs_continuous_chunks():
         and np.all(b["bootstrap_values"][~trunc] == 0)
         and np.all(b["bootstrap_values"][trunc] != 0)
     )
+
+
+def test_off_policy_rollouts_ask_for_no_state_values_and_run_no_critic():
+    """SAC-family learners have critics of their own: collecting for them skips the policy's critic."""
+    env, rollout = _workers("CartPole-v1", 2, 1)
+    critic_calls = []
+    rollout.policy.critic_head.register_forward_hook(lambda *args: critic_calls.append(1))
+    asks, sink = [], _Sink()
+
+    def ask(msg):
+        asks.append(msg)
+        return rollout.infer(msg)
+
+    env._rollout(6, ask, sink, None, True)  # off-policy transitions
+    assert len(asks) == 6 and not any(m["with_values"] for m in asks)
+    assert "values" not in sink.item["batch"] and sink.item["batch"]["actions"].shape == (6, 2)
+    assert critic_calls == []
+    asks.clear()
+    env._rollout(6, ask, sink, None, False)  # on-policy: values per decision, then the values-only round
+    assert all(m["with_values"] for m in asks) and len(asks) == 7
+    assert sink.item["batch"]["values"].shape == (6, 2) and len(critic_calls) == 7

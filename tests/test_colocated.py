@@ -200,6 +200,42 @@ def test_killed_colocated_env_worker_comes_back_with_weights():
 
 
 @pytest.mark.usefixtures("attached")
+def test_a_killed_env_worker_of_an_async_sac_run_is_restarted_and_collection_goes_on():
+    """Off-policy collection runs while the learner updates: SIGKILL one of two env workers mid-run."""
+    cfg = {
+        "algorithm": "sac", "seed": 0,
+        "env": {"id": "Pendulum-v1", "num_envs": 2},
+        "algo": {"collect_steps": 16, "learning_starts": 64, "random_steps": 64, "batch_size": 32, "sync_every": 2},
+        "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [16]}},
+        "placement": {"env_to_rollout": "colocated", "env": {"num_workers": 2}},
+        "budget": {"total_env_steps": 10**7, "stop_metric": None, "stop_value": None},
+        "checkpoint": {"every": 0}, "linger_s": 60,
+    }  # fmt: skip
+    run = _launch(cfg, "sac_kill")
+    deadline = time.time() + 300
+    while run.status()["update_step"] < 10 and time.time() < deadline:
+        time.sleep(0.3)
+    pid = next(h["pid"] for h in run.health()["groups"]["env"] if h["alive"])
+    os.kill(pid, signal.SIGKILL)
+    before = run.status()
+    while run.status()["update_step"] < before["update_step"] + 20 and time.time() < deadline + 300:
+        assert run.status()["state"] == "running", run.status()["error"]
+        time.sleep(0.3)
+    after, health = run.status(), run.health()["groups"]["env"]
+    events, df = run.events(), run.metrics()
+    run.stop()
+    recovery = events[events["kind"] == "recovery"]
+    assert (
+        len(recovery) >= 1
+        and recovery.iloc[0]["group"] == "env"
+        and "restarted" in recovery.iloc[0]["action"]
+    )
+    assert len(health) == 2 and all(h["alive"] for h in health) and pid not in {h["pid"] for h in health}
+    assert after["env_steps"] > before["env_steps"] + 256
+    assert (df["step"].diff().dropna() == 1).all()  # no gap in the update steps
+
+
+@pytest.mark.usefixtures("attached")
 def test_a_restarted_rollout_worker_gets_the_synced_weights_before_it_acts_again():
     """Direct mode: SIGKILL the rollout worker between iterations; Ray restarts it with its initial
     weights, and the controller sends the synced ones again before the next rollout (recorded)."""

@@ -231,3 +231,47 @@ def test_an_env_worker_with_a_numpy_policy_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["False", "(4,)"], out.stdout
+
+
+@pytest.mark.parametrize("head", list(SPACES))
+def test_acting_without_value_draws_the_same_actions_and_runs_no_critic(head):
+    """Off-policy collection asks for no state values: the same actions and log-probs, no critic pass."""
+    policy, with_value = _pair(head, seed=2)
+    _, without = _pair(head, seed=2)
+    obs = np.random.default_rng(5).normal(size=(8, 5)).astype(np.float32)
+    without._critic = []  # a critic pass would now fail
+    for deterministic in (False, True):
+        action, logprob, _ = with_value.act(obs, deterministic)
+        a2, lp2 = without.act_without_value(obs, deterministic)
+        np.testing.assert_array_equal(a2, action)
+        np.testing.assert_array_equal(lp2, logprob)
+    torch.manual_seed(7)
+    t_action, t_logprob, _ = policy.act(torch.as_tensor(obs))
+    torch.manual_seed(7)
+    t_a2, t_lp2 = policy.act_without_value(torch.as_tensor(obs))
+    torch.testing.assert_close(t_a2, t_action)
+    torch.testing.assert_close(t_lp2, t_logprob)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_server_asked_for_no_values_answers_without_them(backend):
+    env = gym.make("Pendulum-v1")
+    cfg = {"name": "mlp", "kwargs": {"hidden_sizes": [8]}, "inference": backend}
+    server = PolicyServer(cfg, env.observation_space, env.action_space, 3)
+    twin = PolicyServer(cfg, env.observation_space, env.action_space, 3)
+    torch_policy = make_policy("mlp", env.observation_space, env.action_space, **policy_kwargs(cfg))
+    weights = {k: v.numpy() for k, v in torch_policy.state_dict().items()}
+    server.set_weights(weights, 0)
+    twin.set_weights(weights, 0)
+    obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    msg = {"obs": obs, "sender": 0, "final_obs": None, "final_mask": None, "value_only": False}
+    for acting in ("sample", "random"):
+        torch.manual_seed(1)
+        full = twin.answer([{**msg, "acting": acting}])[0]
+        torch.manual_seed(1)
+        lean = server.answer([{**msg, "acting": acting, "with_values": False}])[0]
+        assert "values" in full and "values" not in lean
+        np.testing.assert_array_equal(lean["actions"], full["actions"])
+        np.testing.assert_array_equal(lean["logprobs"], full["logprobs"])
+    # a values-only round still gets its values
+    assert server.answer([{**msg, "value_only": True, "with_values": False}])[0]["values"].shape == (4,)

@@ -9,9 +9,11 @@ the recipes as shipped, asserting the threshold each recipe stops at.
 from __future__ import annotations
 
 import math
+import sys
 import time
 import uuid
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -308,18 +310,6 @@ def test_hard_maniskill_tasks_improve_their_dense_return(name):
 RLPD_VS_SAC_BUDGET = 5000
 
 
-def _sac_twin_of(cfg: RunConfig) -> dict:
-    """The rlpd_pushcube run as plain SAC: same env, policy, seeds, budget and shared SAC fields; no demos."""
-    from rlinf_nb.algorithms.sac import SACConfig
-    from rlinf_nb.config import to_dict
-
-    d = to_dict(cfg)
-    shared = {f for f in SACConfig.__dataclass_fields__ if f in d["algo"] and f != "num_critics"}
-    d["algo"] = {k: v for k, v in d["algo"].items() if k in shared}
-    d["algorithm"] = "sac"
-    return d
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.usefixtures("attached")
@@ -327,11 +317,14 @@ def test_rlpd_with_10_demos_beats_sac_without_demos_on_the_same_budget():
     """Issue 5: RLPD with 10 scripted demo episodes vs SAC without demos, same budget and seed."""
     import rlinf_nb as rl
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_rlpd_vs_sac import sac_twin_of  # the twin the multi-seed bench compares against too
+
     overrides = {"algo__demos": "scripted:10", "budget__total_env_steps": RLPD_VS_SAC_BUDGET,
                  "budget__stop_metric": None, "budget__stop_value": None}  # fmt: skip
     rlpd_cfg = resolve_config("rlpd_pushcube", **overrides)
     results = {}
-    for name, cfg in (("rlpd", rlpd_cfg), ("sac", _sac_twin_of(rlpd_cfg))):
+    for name, cfg in (("rlpd", rlpd_cfg), ("sac", sac_twin_of(rlpd_cfg))):
         t0 = time.time()
         run = rl.launch(cfg, name=f"rlpd_vs_sac_{name}_{uuid.uuid4().hex[:6]}", linger_s=60)
         st = run.wait(timeout=1700, progress=False)

@@ -2,7 +2,7 @@
 
 A policy subclasses :class:`ActorCriticAPI` and implements :meth:`distribution`,
 :meth:`value` and :meth:`_dist_and_value` (one pass for both, sharing work where the
-network shares layers); ``act``, ``evaluate`` and ``sample`` follow from them.
+network shares layers); ``act``, ``act_without_value``, ``evaluate`` and ``sample`` follow from them.
 
 Shapes: ``N`` = batch. ``obs`` is ``[N, *obs_shape]`` (a tensor) or, for dict
 observation spaces, a dict of such tensors. Actions are ``[N]`` (Discrete) or ``[N, A]``
@@ -46,6 +46,14 @@ class ActorCriticAPI(nn.Module):
         dist, value = self._dist_and_value(obs)
         action = dist.mode() if deterministic else dist.sample()
         return action, dist.log_prob(action), value
+
+    @torch.no_grad()
+    def act_without_value(self, obs: Any, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+        """:meth:`act` without the critic: ``obs -> (action, logprob[N])`` (off-policy collection,
+        whose learner has critics of its own, needs no state value)."""
+        dist = self.distribution(obs)
+        action = dist.mode() if deterministic else dist.sample()
+        return action, dist.log_prob(action)
 
     def evaluate(self, obs: Any, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Training step: ``(obs, action) -> (logprob[N], entropy[N], value[N])`` with gradients."""

@@ -148,9 +148,14 @@ class NumpyMLPPolicy:
         """``obs -> (action, logprob[N], value[N])``, actions sampled from this policy's generator, or its
         mode with ``deterministic`` (as torch: the argmax, the mean, the squashed mean; with their log-probs)."""
         x = self._flat(obs)
-        feat = self._body(x, self._actor)
-        action, logprob = self._sample(feat, deterministic)
+        action, logprob = self.act_without_value(x, deterministic)
         return action, logprob, self.value(x)
+
+    def act_without_value(
+        self, obs: np.ndarray, deterministic: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`act` without the critic's pass: ``obs -> (action, logprob[N])`` (off-policy collection)."""
+        return self._sample(self._body(self._flat(obs), self._actor), deterministic)
 
     def _standard_normal(self, shape: tuple[int, ...], deterministic: bool) -> np.ndarray:
         """``z ~ N(0, 1)`` from this policy's generator; zeros (the mode) when ``deterministic``."""
