@@ -7,6 +7,7 @@ see (state only) is bounded by the best constant action, computed here exactly.
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 import uuid
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlinf_nb.algorithms.augment import shift_images
 from rlinf_nb.algorithms.offpolicy_loop import train_offpolicy
 from rlinf_nb.algorithms.offpolicy_nets import EncodedEnsembleQ, ObsEncoder
 from rlinf_nb.algorithms.replay import ReplayBuffer, flatten_fields, unflatten_fields
@@ -27,7 +29,7 @@ from rlinf_nb.algorithms.sac import (
     SACConfig,
     SACLearner,
 )
-from rlinf_nb.config import build
+from rlinf_nb.config import ConfigError, build
 from rlinf_nb.policies import make_policy
 from rlinf_nb.run_config import RunConfig
 from tests.helpers import assert_learners_continue_identically
@@ -334,12 +336,85 @@ def test_sac_learns_the_target_from_the_pixels_beyond_any_blind_policy():
     assert reward > -0.3 > blind + 0.2
 
 
+class ShadeEnv(BrightPixelEnv):
+    """Like :class:`BrightPixelEnv`, but the whole image is one grey level ``17 k`` and the target is ``k``
+    mapped to ``[-1, 1]``: an answer that no shift of the image changes (DrQ's assumption)."""
+
+    def reset(self, *, seed=None, options=None):
+        gym.Env.reset(self, seed=seed)
+        k = int(self.np_random.integers(W))
+        self.target = -1.0 + 2.0 * k / (W - 1)
+        image = np.full((H, W, 1), 17 * k, np.uint8)
+        self.obs = {CAM: image, "state": self.np_random.uniform(-1, 1, 2).astype(np.float32)}
+        return self.obs, {}
+
+
+def test_sac_with_random_shift_still_learns_from_the_pixels():
+    """DrQ's augmentation on (3 pixels of 16): the critic and actor train on shifted images, each its own
+    shift. Images mixed up between transitions, or corrupted, would leave the actor blind."""
+    torch.set_num_threads(1)
+    cfg = SACConfig(batch_size=64, learning_starts=200, random_steps=200, critic_hidden_sizes=(64, 64),
+                    buffer_size=5000, random_shift=3)  # fmt: skip
+    r = train_offpolicy("sac", ShadeEnv(), total_steps=1500, cfg=cfg, seed=0, policy="cnn",
+                        policy_kwargs=TINY_CNN)  # fmt: skip
+    env, obs, targets = ShadeEnv(), [], []
+    for i in range(400):
+        obs.append(env.reset(seed=10_000 + i)[0])
+        targets.append(env.target)
+    batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
+    with torch.no_grad():
+        action, _ = r.learner.policy.sample(batch, deterministic=True)
+    reward = float(-np.abs(action[:, 0].numpy() - np.array(targets)).mean())
+    print(f"mean reward {reward:.3f} (blind best {_blind_best(W):.3f}), {r.wall_time_s:.1f} s")
+    assert reward > -0.3 > _blind_best(W) + 0.2
+
+
+@pytest.mark.parametrize("cls,cfg_fn", LEARNERS)
+def test_random_shift_gives_the_losses_shifted_images_and_the_state_as_it_is(cls, cfg_fn):
+    learner, cfg = _learner(cls, cfg_fn, random_shift=2)
+    state = copy.deepcopy(learner.rng.bit_generator.state)
+    raw = learner.sample_batch(cfg)
+    learner.rng.bit_generator.state = state  # the training step draws the same transitions
+    seen = []
+    critic_loss = learner.critic_loss
+    learner.critic_loss = lambda b, c: seen.append(b) or critic_loss(b, c)
+    assert learner.train(1, cfg)["updates"] == 1
+    (b,) = seen
+    torch.testing.assert_close(b["actions"], raw["actions"])
+    moved = {}
+    for key in ("obs", "next_obs"):
+        torch.testing.assert_close(b[key]["state"], raw[key]["state"])
+        img, ref = b[key][CAM], raw[key][CAM]
+        assert img.dtype == torch.uint8 and img.shape == ref.shape
+        candidates = {(dy, dx): shift_images(ref, np.tile([dy, dx], (len(ref), 1)))
+                      for dy in range(-2, 3) for dx in range(-2, 3)}  # fmt: skip
+        # each image is one of its own 25 shifts (random pixels: no two shifts coincide)
+        found = [[d for d, c in candidates.items() if torch.equal(c[i], img[i])] for i in range(len(img))]
+        assert all(len(f) == 1 for f in found)
+        moved[key] = [f[0] for f in found]
+        assert len(set(moved[key])) > 5
+    assert moved["obs"] != moved["next_obs"]  # drawn independently
+
+
+def test_random_shift_needs_image_observations():
+    with pytest.raises(ConfigError, match=r"algo\.random_shift: got 4; .*image observations"):
+        build(RunConfig, {"algorithm": "sac", "algo": {"random_shift": 4}})
+    ok = build(RunConfig, {"algorithm": "rlpd", "algo": {"random_shift": 4}, "policy": {"name": "cnn"}})
+    assert ok.algo.random_shift == 4
+    flat = make_policy(
+        "mlp", gym.spaces.Box(-1, 1, (3,), np.float32), ACT_SPACE, action_head="squashed_gaussian"
+    )
+    with pytest.raises(ConfigError, match=r"algo\.random_shift"):
+        SACLearner(flat, SACConfig(random_shift=2))
+
+
 # ----------------------------------------------------------------------------- on the cluster
 
 
 @pytest.mark.usefixtures("attached")
 def test_sac_on_a_mock_robot_camera_runs_on_the_cluster():
-    """``policy: {name: cnn}`` (head filled in), robot dict obs with a 64x64 camera under ``cams/front``."""
+    """``policy: {name: cnn}`` (head filled in), robot dict obs with a 64x64 camera under ``cams/front``,
+    DrQ's random shift on."""
     import rlinf_nb as rl
 
     cfg = {
@@ -348,7 +423,7 @@ def test_sac_on_a_mock_robot_camera_runs_on_the_cluster():
         "policy": {"name": "cnn", "kwargs": {"conv_channels": (4,), "conv_kernels": (8,), "conv_strides": (4,),
                                              "image_feature_dim": 16, "hidden_sizes": (16,)}},
         "algo": {"collect_steps": 8, "learning_starts": 16, "random_steps": 16, "batch_size": 8,
-                 "critic_hidden_sizes": (16,), "buffer_size": 1000},
+                 "critic_hidden_sizes": (16,), "buffer_size": 1000, "random_shift": 4},
         "budget": {"total_env_steps": 32, "stop_metric": None, "stop_value": None},
         "checkpoint": {"every": 0},
         "linger_s": 10,
@@ -361,6 +436,7 @@ def test_sac_on_a_mock_robot_camera_runs_on_the_cluster():
     trained = df[df["updates"] > 0]
     assert len(trained) and np.isfinite(trained["critic_loss"]).all()
     assert run.config()["policy"]["kwargs"]["action_head"] == "squashed_gaussian"
+    assert run.config()["algo"]["random_shift"] == 4
     state = run.run_dir.load_checkpoint(run.run_dir.latest_checkpoint())
     replay = state["learner"]["learner"]["replay"]
     image = replay["data"]["obs/cams%2Ffront"]

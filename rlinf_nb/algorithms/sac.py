@@ -35,7 +35,8 @@ policy self-contained, so the rollout workers still get one state dict. ``actor_
 own`` trains the policy's encoder with the actor loss instead (the critic keeps a separate
 one). The replay keeps images ``uint8`` (``obs`` and ``next_obs``: see
 :mod:`.replay` for the memory per transition) and batches stay ``uint8`` tensors up to the
-encoders.
+encoders. ``random_shift: k`` applies DrQ's augmentation to every training batch (each image
+shifted by up to ``k`` pixels, :mod:`.augment`).
 
 Stages, run each iteration by the controller (the fully async runtime overlaps them):
 
@@ -68,6 +69,7 @@ from rlinf_nb import tree
 from rlinf_nb.config import ConfigError, param
 
 from . import offpolicy_functional as OF
+from .augment import random_shift
 from .offpolicy_nets import EncodedEnsembleQ, EnsembleQ, ObsEncoder, copy_params, polyak_update
 from .registry import Algorithm, Stage, register_algorithm
 from .replay import MixedReplay, ReplayBuffer
@@ -136,6 +138,14 @@ class OffPolicyConfig:
         "the actor loss (the critic trains a separate one)",
         choices=("critic", "own"),
     )
+    random_shift: int = param(
+        0,
+        doc="image observations only: DrQ's augmentation, in pixels. Every image of a training batch (obs "
+        "and next_obs, drawn independently) is shifted by up to this many pixels each way, edges repeated "
+        "(pad and random crop; DrQ uses 4 for 84x84 images). Acting is untouched. 0 = off",
+        live=True,
+        range=(0, 64),
+    )
 
     def validate(self) -> None:
         if any(s < 1 for s in self.critic_hidden_sizes):
@@ -148,6 +158,13 @@ class OffPolicyConfig:
         samples bounded, reparameterised actions (not the on-policy default, an unbounded Gaussian)."""
         if run.policy.name in ("mlp", "cnn") and "action_head" not in run.policy.kwargs:
             run.policy.kwargs = {**run.policy.kwargs, "action_head": "squashed_gaussian"}
+        if self.random_shift and run.policy.name == "mlp":
+            raise ConfigError("algo.random_shift", self.random_shift, _RANDOM_SHIFT_NEEDS_IMAGES)
+
+
+_RANDOM_SHIFT_NEEDS_IMAGES = (
+    "shifts images: image observations with the 'cnn' policy only; 0 for state observations"
+)
 
 
 @dataclass
@@ -316,6 +333,7 @@ class SACLearner:
         self.obs_dim = 0 if self.image_obs else int(obs_dim if obs_dim is not None else policy.obs_dim)
         self.action_dim = int(action_dim if action_dim is not None else np.prod(policy.action_space.shape))
         self.actor_encoder = cfg.actor_encoder if self.image_obs else "none"
+        self._check_random_shift(cfg)
         self.critic = self._make_critic(cfg)
         self.critic_target = None
         if self.uses_target:
@@ -396,6 +414,27 @@ class SACLearner:
         """A training batch of ``cfg.batch_size`` transitions as float32 tensors (``uint8`` images stay ``uint8``)."""
         return self._tensors(self.replay.sample(cfg.batch_size, self.rng))
 
+    def _check_random_shift(self, cfg: OffPolicyConfig) -> None:
+        if cfg.random_shift and not self.image_obs:
+            raise ConfigError("algo.random_shift", cfg.random_shift, _RANDOM_SHIFT_NEEDS_IMAGES)
+
+    def augment(self, b: dict[str, Any], cfg: OffPolicyConfig) -> dict[str, Any]:
+        """``algo.random_shift``: the batch's images (``obs`` and ``next_obs``) shifted, each image its own
+        shift (:func:`.augment.random_shift`, drawn from this learner's generator); state leaves untouched."""
+        if not cfg.random_shift:
+            return b
+        self._check_random_shift(cfg)  # a live change
+        p = self.policy
+        last = p.config.channels_last
+
+        def shifted(obs: Any) -> Any:
+            if not isinstance(obs, Mapping):  # a single image Box observation
+                return random_shift(obs, cfg.random_shift, self.rng, last)
+            return {k: random_shift(v, cfg.random_shift, self.rng, last) if k in p.image_keys else v
+                    for k, v in obs.items()}  # fmt: skip
+
+        return {**b, "obs": shifted(b["obs"]), "next_obs": shifted(b["next_obs"])}
+
     def _target_q(
         self, b: Mapping[str, torch.Tensor], next_obs_q: torch.Tensor, cfg: OffPolicyConfig
     ) -> torch.Tensor:
@@ -438,7 +477,7 @@ class SACLearner:
 
     def train_step(self, cfg: OffPolicyConfig) -> dict[str, float]:
         """One gradient step (critic; actor and temperature every ``policy_delay``; target)."""
-        b = self.sample_batch(cfg)
+        b = self.augment(self.sample_batch(cfg), cfg)
         c = self.critic_loss(b, cfg)
         self._step(self.critic_optimizer, c.loss, list(self.critic.parameters()), cfg)
         self._sync_actor_encoder()
