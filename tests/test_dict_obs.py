@@ -243,11 +243,18 @@ def test_sac_learner_trains_on_the_env_workers_dict_transitions(workers):
     learner = SACLearner(policy, cfg)
     out = learner.update({k: b[k] for k in ("obs", "actions", "rewards", "next_obs", "terminated")}, cfg)
     assert out["updates"] == 16 and np.isfinite(out["critic_loss"]) and np.isfinite(out["actor_loss"])
-    stored = learner.replay.data["next_obs/cams%2Ffront"]
+    ordered = learner.replay.ordered()
+    np.testing.assert_array_equal(ordered["obs/cams%2Ffront"], b["obs"]["cams/front"].reshape(16, 64, 64, 3))
+    stored = ordered["next_obs/cams%2Ffront"]
     assert stored.dtype == np.uint8 and stored.shape[1:] == (64, 64, 3)
-    np.testing.assert_array_equal(
-        learner.replay.ordered()["obs/cams%2Ffront"], b["obs"]["cams/front"].reshape(16, 64, 64, 3)
-    )
+    np.testing.assert_array_equal(stored, b["next_obs"]["cams/front"].reshape(16, 64, 64, 3))
+    # next frames that are the following step's obs frame are links: copies only where an episode ended
+    # (the true last frame) and on the segment's last row
+    frames = learner.replay.next_frames["next_obs/cams%2Ffront"]
+    own = np.array([f is not None for f in frames.own[:16]]).reshape(8, 2)
+    ended = np.asarray(b["dones"], bool)
+    assert own[-1].all() and ended[:-1].any()
+    np.testing.assert_array_equal(own[:-1], ended[:-1])
 
 
 # ----------------------------------------------------------------------------- on the cluster

@@ -9,21 +9,26 @@ flat name it is escaped as ``%2F`` (``"obs/cams%2Ffront"``, ``%`` as ``%25``). S
 allocated on the first :meth:`ReplayBuffer.extend`, with the shapes and dtypes of that data
 (images stay ``uint8``).
 
-Memory: every field is stored once per transition, ``obs`` and ``next_obs`` both, so a
+Memory: every field is stored once per transition, ``obs`` and ``next_obs`` both, except the
+image frames of ``next_obs``: within a collected segment a transition's next frame is the next
+transition's ``obs`` frame, so it is kept as a link (checked byte for byte when stored) and only
+the frames that appear nowhere else (an episode's last, a segment's last row) are copies. A
 transition with one ``H x W x 3`` uint8 camera and an ``S``-float state costs about
-``2 * (3 H W + 4 S) + 4 A + 8`` bytes: ~24.7 KB at 64 x 64 (2.5 GB per 100k transitions),
-~1.6 KB at 16 x 16. The arrays are allocated with ``np.empty``, so the operating system
-commits pages only as the buffer fills.
+``(1 + f) 3 H W + 8 S + 4 A + 16`` bytes, ``f`` the share of own next frames (``1 / T`` for
+segments of ``T`` steps, plus episode ends): ~14 KB at 64 x 64 with ``T = 8`` (1.4 GB per 100k
+transitions; 2.5 GB when every next frame is a copy). The arrays are allocated with ``np.empty``,
+so the operating system commits pages only as the buffer fills.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MixedReplay", "ReplayBuffer", "flatten_fields", "unflatten_fields"]
+__all__ = ["MixedReplay", "ReplayBuffer", "flatten_fields", "segment_successors", "unflatten_fields"]
 
 _SEP = "/"
 
@@ -60,8 +65,43 @@ def unflatten_fields(flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def segment_successors(lead: tuple[int, ...]) -> np.ndarray | None:
+    """For transitions flattened from ``[T, N]`` (``t * N + n``), the index of the one that follows each in
+    its env (``t + 1``, same ``n``), or ``-1`` on the last row; ``None`` for a flat ``[n]`` batch.
+
+    A hint for :meth:`ReplayBuffer.extend`: a transition's ``next_obs`` is usually its successor's
+    ``obs`` (not where an episode ended, which :meth:`~ReplayBuffer.extend` finds by comparing them).
+    """
+    if len(lead) != 2:
+        return None
+    T, N = lead
+    succ = np.arange(T * N) + N
+    succ[(T - 1) * N :] = -1
+    return succ
+
+
+@dataclass
+class _NextFrames:
+    """A ``next_obs`` image leaf kept by reference: slot ``i``'s frame is the ``source`` (``obs``) frame in
+    slot ``ref[i]`` or, where ``ref[i] < 0``, its own copy ``own[i]``."""
+
+    source: str
+    ref: np.ndarray  # [capacity] int64
+    own: list[np.ndarray | None]
+
+
+def _frame_source(name: str) -> str:
+    """``next_obs/cams%2Ffront`` -> ``obs/cams%2Ffront`` (``next_obs`` -> ``obs``)."""
+    return "obs" + name[len("next_obs") :]
+
+
 class ReplayBuffer:
     """A fixed-capacity FIFO ring buffer of transitions in preallocated numpy arrays.
+
+    Image leaves of ``next_obs`` (``uint8``, at least 2-D per item, with an ``obs`` twin) are not stored
+    again where they equal a later transition's ``obs`` frame (see :meth:`extend`): a transition keeps a
+    link to that frame instead, and a copy of its own only where it differs (an episode's last frame,
+    the last row of a segment). Samples are the same either way.
 
     Args:
         capacity: the most transitions kept; once full, the oldest are overwritten.
@@ -73,20 +113,40 @@ class ReplayBuffer:
         self.capacity = int(capacity)
         self.pos = 0  # next slot to write
         self.size = 0
-        self.data: dict[str, np.ndarray] | None = None
+        self.data: dict[str, np.ndarray] | None = None  # every field but the linked next_obs frames
+        self.next_frames: dict[str, _NextFrames] = {}
 
     def __len__(self) -> int:
         return self.size
 
     @property
     def fields(self) -> list[str]:
-        return sorted(self.data) if self.data is not None else []
+        return sorted([*self.data, *self.next_frames]) if self.data is not None else []
 
     def _allocate(self, flat: Mapping[str, np.ndarray]) -> None:
-        self.data = {k: np.empty((self.capacity, *v.shape[1:]), dtype=v.dtype) for k, v in flat.items()}
+        def framed(name: str, v: np.ndarray) -> bool:
+            src = flat.get(_frame_source(name)) if name.split(_SEP)[0] == "next_obs" else None
+            return (src is not None and v.dtype == np.uint8 and v.ndim >= 3 and src.dtype == v.dtype
+                    and src.shape[1:] == v.shape[1:])  # fmt: skip
 
-    def extend(self, transitions: Mapping[str, Any]) -> int:
+        self.next_frames = {k: _NextFrames(_frame_source(k), np.full(self.capacity, -1, np.int64),
+                                           [None] * self.capacity)
+                            for k, v in flat.items() if framed(k, v)}  # fmt: skip
+        self.data = {k: np.empty((self.capacity, *v.shape[1:]), dtype=v.dtype)
+                     for k, v in flat.items() if k not in self.next_frames}  # fmt: skip
+
+    def _item_shape(self, name: str) -> tuple[int, ...]:
+        assert self.data is not None
+        frames = self.next_frames.get(name)
+        return self.data[frames.source if frames else name].shape[1:]
+
+    def extend(self, transitions: Mapping[str, Any], next_of: np.ndarray | None = None) -> int:
         """Append ``n`` transitions (every field ``[n, ...]``); returns ``n``.
+
+        ``next_of[i]`` (optional, e.g. :func:`segment_successors`): a later transition of this call whose
+        ``obs`` is likely transition ``i``'s ``next_obs`` (``-1``: none). Where the image frames are
+        equal, byte for byte, the ``next_obs`` frame is kept as a link to that ``obs`` frame; the
+        comparison makes a wrong hint cost memory, never correctness.
 
         Raises:
             ValueError: the fields' leading dims differ, or the fields (or their trailing
@@ -101,32 +161,72 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer.extend: every field needs the same leading dim n, got {lengths}")
         if self.data is None:
             self._allocate(flat)
-        assert self.data is not None
-        if set(flat) != set(self.data):
+        if set(flat) != set(self.fields):
             raise ValueError(
-                f"ReplayBuffer.extend: fields {sorted(flat)} differ from the buffer's {sorted(self.data)}"
+                f"ReplayBuffer.extend: fields {sorted(flat)} differ from the buffer's {self.fields}"
             )
         for k, v in flat.items():
-            if v.shape[1:] != self.data[k].shape[1:]:
+            if v.shape[1:] != self._item_shape(k):
                 raise ValueError(
                     f"ReplayBuffer.extend: field {k!r} has per-item shape {v.shape[1:]}, "
-                    f"the buffer stores {self.data[k].shape[1:]}"
+                    f"the buffer stores {self._item_shape(k)}"
                 )
         if n == 0:
             return 0
-        if n >= self.capacity:  # only the newest `capacity` survive
-            start = self.pos + n - self.capacity
-            flat = {k: v[n - self.capacity :] for k, v in flat.items()}
-            self.pos = start % self.capacity
-            m = self.capacity
-        else:
-            m = n
+        m = min(n, self.capacity)  # only the newest `capacity` survive
+        skip = n - m
+        if skip:
+            self.pos = (self.pos + skip) % self.capacity
         idx = (self.pos + np.arange(m)) % self.capacity
-        for k, v in flat.items():
-            self.data[k][idx] = v
+        assert self.data is not None
+        for k, v in self.data.items():
+            v[idx] = flat[k][skip:]
+        successors = None if next_of is None else np.asarray(next_of, np.int64)[skip:] - skip
+        for k, frames in self.next_frames.items():
+            self._write_next_frames(frames, flat[k][skip:], flat[frames.source][skip:], idx, successors)
         self.pos = (self.pos + m) % self.capacity
         self.size = min(self.size + n, self.capacity)
         return n
+
+    @staticmethod
+    def _write_next_frames(frames: _NextFrames, nxt: np.ndarray, src: np.ndarray, idx: np.ndarray,
+                           successors: np.ndarray | None) -> None:  # fmt: skip
+        """Link each ``nxt`` frame to its successor's ``src`` frame where they are equal, else keep a copy.
+
+        Only successors at or after the transition itself, in this call: the ring overwrites a linked
+        frame only after the transition that links to it.
+        """
+        m = len(idx)
+        ref = np.full(m, -1, np.int64)
+        if successors is not None:
+            order = np.arange(m)
+            cand = np.flatnonzero((successors >= order) & (successors < m))
+            if len(cand):
+                same = (nxt[cand] == src[successors[cand]]).reshape(len(cand), -1).all(axis=1)
+                ref[cand[same]] = idx[successors[cand[same]]]
+        frames.ref[idx] = ref
+        for k, slot in enumerate(idx):
+            frames.own[slot] = None if ref[k] >= 0 else np.array(nxt[k])
+
+    def _gather_next_frames(self, frames: _NextFrames, idx: np.ndarray) -> np.ndarray:
+        assert self.data is not None
+        src = self.data[frames.source]
+        out = np.empty((len(idx), *src.shape[1:]), src.dtype)
+        ref = frames.ref[idx]
+        linked = ref >= 0
+        out[linked] = src[ref[linked]]
+        for b in np.flatnonzero(~linked):
+            out[b] = frames.own[idx[b]]
+        return out
+
+    def stored_bytes(self) -> int:
+        """Bytes of transition data held for the occupied slots (linked frames counted once)."""
+        if self.data is None:
+            return 0
+        held = sum(v[: self.size].nbytes for v in self.data.values())
+        return held + sum(
+            f.nbytes for fr in self.next_frames.values() for f in fr.own[: self.size] if f is not None
+        )
 
     def sample_indices(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         """``batch_size`` slot indices drawn uniformly with replacement."""
@@ -134,10 +234,15 @@ class ReplayBuffer:
             raise ValueError("ReplayBuffer.sample: the buffer is empty")
         return rng.integers(0, self.size, size=int(batch_size))
 
+    def _flat_at(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        assert self.data is not None
+        out = {k: v[idx] for k, v in self.data.items()}
+        out.update({k: self._gather_next_frames(fr, idx) for k, fr in self.next_frames.items()})
+        return out
+
     def gather(self, idx: np.ndarray) -> dict[str, Any]:
         """The transitions in slots ``idx`` (nested like the input; copies)."""
-        assert self.data is not None
-        return unflatten_fields({k: v[idx] for k, v in self.data.items()})
+        return unflatten_fields(self._flat_at(idx))
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, Any]:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays."""
@@ -148,36 +253,54 @@ class ReplayBuffer:
         if self.data is None:
             return {}
         start = self.pos if self.size == self.capacity else 0
-        idx = (start + np.arange(self.size)) % self.capacity
-        return {k: v[idx] for k, v in self.data.items()}
+        return self._flat_at((start + np.arange(self.size)) % self.capacity)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to rebuild the buffer exactly: the occupied slots as stored, and the write position."""
+        """Everything needed to rebuild the buffer exactly: the occupied slots as stored (linked frames as
+        links), and the write position."""
         data = {} if self.data is None else {k: v[: self.size].copy() for k, v in self.data.items()}
-        return {"capacity": self.capacity, "size": self.size, "pos": self.pos, "data": data}
+        next_frames = {}
+        for k, fr in self.next_frames.items():
+            slots = [i for i in range(self.size) if fr.ref[i] < 0]
+            shape = self._item_shape(k)
+            own = np.stack([fr.own[i] for i in slots]) if slots else np.empty((0, *shape), np.uint8)
+            next_frames[k] = {"ref": fr.ref[: self.size].copy(), "own_slots": np.asarray(slots, np.int64),
+                              "own": own}  # fmt: skip
+        return {"capacity": self.capacity, "size": self.size, "pos": self.pos, "data": data,
+                "next_frames": next_frames}  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict`.
+        """Restore from :meth:`state_dict` (also one written before frames were linked: ``next_obs`` frames
+        stored in full under ``data``).
 
         With the same capacity the slots come back as they were, so sampling with the same
         generator state draws the same transitions. With another capacity the data is
-        re-appended oldest first (the newest ``capacity`` kept).
+        re-appended oldest first (the newest ``capacity`` kept; ``next_obs`` frames as copies).
         """
-        self.pos, self.size, self.data = 0, 0, None
+        self.pos, self.size, self.data, self.next_frames = 0, 0, None, {}
         data = state["data"]
         if not data:
             return
         size, pos = int(state["size"]), int(state["pos"])
-        if int(state["capacity"]) == self.capacity:
-            self._allocate(data)
-            assert self.data is not None
-            for k, v in data.items():
-                self.data[k][:size] = v
-            self.size, self.pos = size, pos
+        linked = state.get("next_frames") or {}
+        if int(state["capacity"]) != self.capacity:
+            same = ReplayBuffer(int(state["capacity"]))
+            same.load_state_dict(state)
+            self.extend(unflatten_fields(same.ordered()))
             return
-        start = pos if size == int(state["capacity"]) else 0
-        idx = (start + np.arange(size)) % size
-        self.extend(unflatten_fields({k: v[idx] for k, v in data.items()}))
+        self._allocate({**data, **{k: data[_frame_source(k)][:0] for k in linked}})
+        assert self.data is not None
+        for k, v in data.items():
+            if k in self.next_frames:  # written before frames were linked: every frame its own
+                self.next_frames[k].own[:size] = [np.array(f) for f in v]
+            else:
+                self.data[k][:size] = v
+        for k, saved in linked.items():
+            fr = self.next_frames[k]
+            fr.ref[:size] = saved["ref"]
+            for slot, frame in zip(saved["own_slots"], saved["own"], strict=True):
+                fr.own[int(slot)] = np.array(frame)
+        self.size, self.pos = size, pos
 
 
 class MixedReplay:

@@ -72,7 +72,7 @@ from . import offpolicy_functional as OF
 from .augment import random_shift
 from .offpolicy_nets import EncodedEnsembleQ, EnsembleQ, ObsEncoder, copy_params, polyak_update
 from .registry import Algorithm, Stage, register_algorithm
-from .replay import MixedReplay, ReplayBuffer
+from .replay import MixedReplay, ReplayBuffer, segment_successors
 from .stages import sync_weights_stage
 
 __all__ = [
@@ -518,7 +518,7 @@ class SACLearner:
 
     def add(self, batch: Mapping[str, Any]) -> int:
         """Append a batch of transitions (see :func:`as_transitions`); returns how many."""
-        n = self.replay.extend(as_transitions(batch))
+        n = self.replay.extend(as_transitions(batch), next_of=segment_successors(np.shape(batch["rewards"])))
         self.num_added += n
         return n
 
