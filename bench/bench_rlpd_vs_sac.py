@@ -1,6 +1,7 @@
 """RLPD with scripted demos vs SAC without them: same env, budget, seeds and shared SAC fields, several seeds.
 
-Run: ``.venv/bin/python bench/bench_rlpd_vs_sac.py [--seeds 0 1 2] [--budget 5000] [--demos 10]``
+Run: ``.venv/bin/python bench/bench_rlpd_vs_sac.py [--seeds 0 1 2] [--budget 5000] [--demos 10]
+[--set algo__init_alpha=0.1 ...]``
 (attaches to, or starts, the local cluster; ~3.5 min per run on 2 cores, three runs per seed).
 
 Issue 5 asks that ``rlpd_pushcube`` with 10 scripted demo episodes beat SAC without demos on the
@@ -30,6 +31,7 @@ import uuid
 from typing import Any
 
 import pandas as pd
+import yaml
 
 REACHED = 0.5  # success_rate for "env steps to reach"
 
@@ -66,13 +68,14 @@ def summarise(df: pd.DataFrame, budget: int) -> dict[str, float]:
     }
 
 
-def arms(seed: int, budget: int, demos: int) -> dict[str, dict]:
-    """The three run configs compared for one seed."""
+def arms(seed: int, budget: int, demos: int, overrides: dict[str, Any] | None = None) -> dict[str, dict]:
+    """The three run configs compared for one seed; ``overrides`` (``algo__init_alpha=0.1`` style) go to
+    the RLPD run, and through :func:`sac_twin_of` to the SAC arms where they are SAC fields."""
     from rlinf_nb.client import resolve_config
 
     rlpd = resolve_config("rlpd_pushcube", seed=seed, algo__demos=f"scripted:{demos}",
                           budget__total_env_steps=budget, budget__stop_metric=None,
-                          budget__stop_value=None)  # fmt: skip
+                          budget__stop_value=None, **(overrides or {}))  # fmt: skip
     from rlinf_nb.config import to_dict
 
     return {"rlpd": to_dict(rlpd), "sac": sac_twin_of(rlpd), "sac+warmup": sac_twin_of(rlpd, warmup=True)}
@@ -94,21 +97,24 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=5000, help="env steps per run")
     parser.add_argument("--demos", type=int, default=10, help="scripted demo episodes for RLPD")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for every arm, e.g. algo__init_alpha=0.1 (YAML value)")  # fmt: skip
     args = parser.parse_args()
+    overrides = {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in args.set)}
     import rlinf_nb as rl
 
     rl.attach(quiet=True)
     rows = []
     for seed in args.seeds:
-        for arm, cfg in arms(seed, args.budget, args.demos).items():
+        for arm, cfg in arms(seed, args.budget, args.demos, overrides).items():
             result = run_one(cfg, f"{arm.replace('+', '_')}_s{seed}", args.budget)
             rows.append({"seed": seed, "arm": arm, **result})
             print(f"seed {seed} {arm:<11} last quarter {result['late']:.3f}  auc {result['auc']:.3f}  "
                   f"to {REACHED} at {result['to_reach']:.0f} env steps  ({result['seconds']:.0f} s)",
                   flush=True)  # fmt: skip
     table = pd.DataFrame(rows)
-    print(f"\nPushCube-v1, {args.budget} env steps, RLPD with {args.demos} scripted demos; mean over seeds "
-          f"{args.seeds}:")  # fmt: skip
+    print(f"\nPushCube-v1, {args.budget} env steps, RLPD with {args.demos} scripted demos, overrides "
+          f"{overrides or 'none'}; mean over seeds {args.seeds}:")  # fmt: skip
     print(table.groupby("arm")[["late", "auc", "to_reach"]].mean().round(3).to_string())
     late = table.pivot(index="seed", columns="arm", values="late")
     for baseline in ("sac", "sac+warmup"):

@@ -13,6 +13,7 @@ BENCHES = [
     "bench_ppo_cartpole.py",
     "bench_ppo_pushcube.py",  # ~6 min per side at full length
     "bench_sac_pendulum.py",
+    "bench_rlpd_vs_sac.py",  # learning, not speed: ~30 min (3 seeds x 3 runs)
     "bench_dashboard.py",
     "bench_dashboard_calls.py",
     "bench_maniskill.py",

@@ -63,9 +63,15 @@ class TorchActing:
         return actions.numpy(), logprobs.numpy(), values.numpy()
 
     def act_without_value(self, obs: Any, deterministic: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """``act`` without the critic, where the policy offers it (:class:`~rlinf_nb.policies.base.ActorCriticAPI`
+        does; a policy of its own may only have ``act``, whose value is then dropped)."""
         import torch
 
-        actions, logprobs = self.policy.act_without_value(tree.map(torch.as_tensor, obs), deterministic)
+        act = getattr(self.policy, "act_without_value", None)
+        if act is None:
+            return self.act(obs, deterministic)[:2]
+        with torch.no_grad():
+            actions, logprobs = act(tree.map(torch.as_tensor, obs), deterministic)
         return actions.numpy(), logprobs.numpy()
 
     def value(self, obs: Any) -> np.ndarray:

@@ -275,3 +275,21 @@ def test_a_server_asked_for_no_values_answers_without_them(backend):
         np.testing.assert_array_equal(lean["logprobs"], full["logprobs"])
     # a values-only round still gets its values
     assert server.answer([{**msg, "value_only": True, "with_values": False}])[0]["values"].shape == (4,)
+
+
+def test_a_torch_policy_with_only_act_still_acts_without_values():
+    """A policy of one's own need not offer ``act_without_value``: its ``act`` serves, the value dropped."""
+    env = gym.make("Pendulum-v1")
+    acting = TorchActing({"name": "mlp", "kwargs": {"hidden_sizes": [8]}}, env.observation_space,
+                         env.action_space, 0)  # fmt: skip
+
+    class OnlyAct:
+        def __init__(self, policy):
+            self.act = policy.act
+
+    acting.policy = OnlyAct(acting.policy)
+    obs = np.zeros((3, 3), np.float32)
+    actions, logprobs = acting.act_without_value(obs, deterministic=True)
+    expected = acting.act(obs, deterministic=True)
+    np.testing.assert_array_equal(actions, expected[0])
+    np.testing.assert_array_equal(logprobs, expected[1])
