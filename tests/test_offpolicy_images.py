@@ -257,6 +257,7 @@ def test_replay_keeps_images_uint8_and_keys_with_slashes():
     # bytes per transition: two uint8 images (random: no next frame is a later obs frame), two float32
     # states, the action, reward and termination
     assert learner.replay.stored_bytes() == 12 * (2 * (H * W * 1 + 4 * 2) + 4 * 1 + 4 + 4)
+    assert learner.train(0, cfg)["replay_mb"] == learner.replay.stored_bytes() / 1e6  # a run's metric
     s = learner.replay.sample(5, np.random.default_rng(0))
     assert set(s["obs"]) == {CAM, "state"} and s["obs"][CAM].dtype == np.uint8
     tree = {"obs": {"a/b": 1, "c%2Fd": 2, "e": {"f/g": 3}}}

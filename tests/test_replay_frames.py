@@ -57,6 +57,12 @@ def _fill(capacity: int, segments: int, T: int = 4, N: int = 3, ep: int = 7, hin
     return buf, fed
 
 
+def _recount(buf: ReplayBuffer) -> int:
+    """What :meth:`ReplayBuffer.stored_bytes` keeps a running count of, summed from scratch."""
+    own = sum(f.nbytes for fr in buf.next_frames.values() for f in fr.own if f is not None)
+    return sum(v[: len(buf)].nbytes for v in buf.data.values()) + own
+
+
 def _newest(fed: list[dict], key: str, leaf: str, n: int) -> np.ndarray:
     return np.concatenate([f[key][leaf] for f in fed])[-n:]
 
@@ -78,6 +84,7 @@ def test_linked_frames_come_back_exactly_through_wraps(capacity):
     start = buf.pos if len(buf) == buf.capacity else 0
     age = (idx - start) % buf.capacity  # position in oldest-first order
     np.testing.assert_array_equal(got["next_obs"]["cam"], ordered["next_obs/cam"][age])
+    assert buf.stored_bytes() == _recount(buf)  # the running count survives overwrites
 
 
 def test_only_frames_seen_nowhere_else_are_copies():
@@ -123,7 +130,7 @@ def test_state_dict_keeps_links_and_loads_every_format():
     a, b = buf.sample(64, rng_a), again.sample(64, rng_b)
     for k, v in a["next_obs"].items():
         np.testing.assert_array_equal(b["next_obs"][k], v)
-    assert again.stored_bytes() == buf.stored_bytes()
+    assert again.stored_bytes() == buf.stored_bytes() == _recount(again)
     # a checkpoint written before frames were linked: next_obs frames stored in full under "data"
     in_slots = buf.gather(np.arange(len(buf)))["next_obs"]["cam"]  # slot order, as the old format kept them
     old = {k: v for k, v in state.items() if k != "next_frames"}
@@ -132,10 +139,14 @@ def test_state_dict_keeps_links_and_loads_every_format():
     legacy.load_state_dict(old)
     for k, v in buf.ordered().items():
         np.testing.assert_array_equal(legacy.ordered()[k], v, err_msg=k)
+    assert (
+        legacy.stored_bytes() == _recount(legacy) > buf.stored_bytes()
+    )  # old checkpoints: every frame a copy
     smaller = ReplayBuffer(20)  # another capacity: re-appended, the newest kept
     smaller.load_state_dict(state)
     for k, v in buf.ordered().items():
         np.testing.assert_array_equal(smaller.ordered()[k], v[-20:], err_msg=k)
+    assert smaller.stored_bytes() == _recount(smaller)
 
 
 def test_one_call_larger_than_the_capacity_keeps_the_newest_and_their_links():

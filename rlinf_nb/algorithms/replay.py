@@ -115,6 +115,7 @@ class ReplayBuffer:
         self.size = 0
         self.data: dict[str, np.ndarray] | None = None  # every field but the linked next_obs frames
         self.next_frames: dict[str, _NextFrames] = {}
+        self._own_bytes = 0  # of the next_obs frames kept as copies
 
     def __len__(self) -> int:
         return self.size
@@ -183,15 +184,18 @@ class ReplayBuffer:
             v[idx] = flat[k][skip:]
         successors = None if next_of is None else np.asarray(next_of, np.int64)[skip:] - skip
         for k, frames in self.next_frames.items():
-            self._write_next_frames(frames, flat[k][skip:], flat[frames.source][skip:], idx, successors)
+            self._own_bytes += self._write_next_frames(
+                frames, flat[k][skip:], flat[frames.source][skip:], idx, successors
+            )
         self.pos = (self.pos + m) % self.capacity
         self.size = min(self.size + n, self.capacity)
         return n
 
     @staticmethod
     def _write_next_frames(frames: _NextFrames, nxt: np.ndarray, src: np.ndarray, idx: np.ndarray,
-                           successors: np.ndarray | None) -> None:  # fmt: skip
-        """Link each ``nxt`` frame to its successor's ``src`` frame where they are equal, else keep a copy.
+                           successors: np.ndarray | None) -> int:  # fmt: skip
+        """Link each ``nxt`` frame to its successor's ``src`` frame where they are equal, else keep a copy;
+        returns the change in the bytes of copies held.
 
         Only successors at or after the transition itself, in this call: the ring overwrites a linked
         frame only after the transition that links to it.
@@ -205,8 +209,12 @@ class ReplayBuffer:
                 same = (nxt[cand] == src[successors[cand]]).reshape(len(cand), -1).all(axis=1)
                 ref[cand[same]] = idx[successors[cand[same]]]
         frames.ref[idx] = ref
+        change = 0
         for k, slot in enumerate(idx):
+            old = frames.own[slot]
             frames.own[slot] = None if ref[k] >= 0 else np.array(nxt[k])
+            change += (0 if frames.own[slot] is None else nxt[k].nbytes) - (0 if old is None else old.nbytes)
+        return change
 
     def _gather_next_frames(self, frames: _NextFrames, idx: np.ndarray) -> np.ndarray:
         assert self.data is not None
@@ -223,10 +231,7 @@ class ReplayBuffer:
         """Bytes of transition data held for the occupied slots (linked frames counted once)."""
         if self.data is None:
             return 0
-        held = sum(v[: self.size].nbytes for v in self.data.values())
-        return held + sum(
-            f.nbytes for fr in self.next_frames.values() for f in fr.own[: self.size] if f is not None
-        )
+        return sum(v[: self.size].nbytes for v in self.data.values()) + self._own_bytes
 
     def sample_indices(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         """``batch_size`` slot indices drawn uniformly with replacement."""
@@ -277,7 +282,7 @@ class ReplayBuffer:
         generator state draws the same transitions. With another capacity the data is
         re-appended oldest first (the newest ``capacity`` kept; ``next_obs`` frames as copies).
         """
-        self.pos, self.size, self.data, self.next_frames = 0, 0, None, {}
+        self.pos, self.size, self.data, self.next_frames, self._own_bytes = 0, 0, None, {}, 0
         data = state["data"]
         if not data:
             return
@@ -293,6 +298,7 @@ class ReplayBuffer:
         for k, v in data.items():
             if k in self.next_frames:  # written before frames were linked: every frame its own
                 self.next_frames[k].own[:size] = [np.array(f) for f in v]
+                self._own_bytes += int(v[:size].nbytes)
             else:
                 self.data[k][:size] = v
         for k, saved in linked.items():
@@ -300,6 +306,7 @@ class ReplayBuffer:
             fr.ref[:size] = saved["ref"]
             for slot, frame in zip(saved["own_slots"], saved["own"], strict=True):
                 fr.own[int(slot)] = np.array(frame)
+                self._own_bytes += int(frame.nbytes)
         self.size, self.pos = size, pos
 
 

@@ -534,7 +534,7 @@ class SACLearner:
             vals = [r[key] for r in rows if key in r]
             out[key] = float(np.mean(vals))
         out.update(alpha=float(self.alpha), updates=float(len(rows)), total_updates=float(self.num_updates),
-                   replay_size=float(len(self.replay)))  # fmt: skip
+                   replay_size=float(len(self.replay)), replay_mb=self.replay.stored_bytes() / 1e6)  # fmt: skip
         return out
 
     def update(
