@@ -72,12 +72,11 @@ def arms(seed: int, budget: int, demos: int, overrides: dict[str, Any] | None = 
     """The three run configs compared for one seed; ``overrides`` (``algo__init_alpha=0.1`` style) go to
     the RLPD run, and through :func:`sac_twin_of` to the SAC arms where they are SAC fields."""
     from rlinf_nb.client import resolve_config
+    from rlinf_nb.config import to_dict
 
     rlpd = resolve_config("rlpd_pushcube", seed=seed, algo__demos=f"scripted:{demos}",
                           budget__total_env_steps=budget, budget__stop_metric=None,
                           budget__stop_value=None, **(overrides or {}))  # fmt: skip
-    from rlinf_nb.config import to_dict
-
     return {"rlpd": to_dict(rlpd), "sac": sac_twin_of(rlpd), "sac+warmup": sac_twin_of(rlpd, warmup=True)}
 
 

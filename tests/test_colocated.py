@@ -158,19 +158,23 @@ def test_a_learner_in_the_controller_trains_exactly_like_a_learner_worker():
     assert (local[0].events()["kind"] == "checkpoint").any()  # the learner's state reached a checkpoint
 
 
-@pytest.mark.usefixtures("attached")
-def test_colocated_async_sac_loads_weights_while_collecting():
-    """Off-policy collection runs during updates: the env workers' policy versions keep rising."""
-    cfg = {
+def _small_sac(total_env_steps: int, env_workers: int = 1) -> dict:
+    """A tiny colocated SAC run on Pendulum (weights synced every 2 updates, no stop threshold)."""
+    return {
         "algorithm": "sac", "seed": 0,
         "env": {"id": "Pendulum-v1", "num_envs": 2},
         "algo": {"collect_steps": 16, "learning_starts": 64, "random_steps": 64, "batch_size": 32, "sync_every": 2},
         "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [16]}},
-        "placement": {"env_to_rollout": "colocated"},
-        "budget": {"total_env_steps": 800, "stop_metric": None, "stop_value": None},
+        "placement": {"env_to_rollout": "colocated", "env": {"num_workers": env_workers}},
+        "budget": {"total_env_steps": total_env_steps, "stop_metric": None, "stop_value": None},
         "checkpoint": {"every": 0}, "linger_s": 60,
     }  # fmt: skip
-    run = _launch(cfg, "colo_sac")
+
+
+@pytest.mark.usefixtures("attached")
+def test_colocated_async_sac_loads_weights_while_collecting():
+    """Off-policy collection runs during updates: the env workers' policy versions keep rising."""
+    run = _launch(_small_sac(total_env_steps=800), "colo_sac")
     st = run.wait(timeout=600, progress=False)
     assert st["state"] == "finished", st.get("error")
     df = run.metrics()
@@ -202,16 +206,7 @@ def test_killed_colocated_env_worker_comes_back_with_weights():
 @pytest.mark.usefixtures("attached")
 def test_a_killed_env_worker_of_an_async_sac_run_is_restarted_and_collection_goes_on():
     """Off-policy collection runs while the learner updates: SIGKILL one of two env workers mid-run."""
-    cfg = {
-        "algorithm": "sac", "seed": 0,
-        "env": {"id": "Pendulum-v1", "num_envs": 2},
-        "algo": {"collect_steps": 16, "learning_starts": 64, "random_steps": 64, "batch_size": 32, "sync_every": 2},
-        "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [16]}},
-        "placement": {"env_to_rollout": "colocated", "env": {"num_workers": 2}},
-        "budget": {"total_env_steps": 10**7, "stop_metric": None, "stop_value": None},
-        "checkpoint": {"every": 0}, "linger_s": 60,
-    }  # fmt: skip
-    run = _launch(cfg, "sac_kill")
+    run = _launch(_small_sac(total_env_steps=10**7, env_workers=2), "sac_kill")
     deadline = time.time() + 300
     while run.status()["update_step"] < 10 and time.time() < deadline:
         time.sleep(0.3)

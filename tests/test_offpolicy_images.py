@@ -317,6 +317,18 @@ def _blind_best(num_targets: int) -> float:
     return float(max(-np.abs(a - targets).mean() for a in grid))
 
 
+def _deterministic_reward(policy, env_cls, episodes: int = 400) -> float:
+    """The mean reward of the policy's deterministic action on fresh seeded one-step episodes."""
+    env, obs, targets = env_cls(), [], []
+    for i in range(episodes):
+        obs.append(env.reset(seed=10_000 + i)[0])
+        targets.append(env.target)
+    batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
+    with torch.no_grad():
+        action, _ = policy.sample(batch, deterministic=True)
+    return float(-np.abs(action[:, 0].numpy() - np.array(targets)).mean())
+
+
 def test_sac_learns_the_target_from_the_pixels_beyond_any_blind_policy():
     """1500 env steps (~1300 gradient steps) in-process: the deterministic actor's mean reward on fresh
     images beats the best state-only policy by a wide margin (measured: about -0.15 vs -0.53)."""
@@ -328,14 +340,7 @@ def test_sac_learns_the_target_from_the_pixels_beyond_any_blind_policy():
     r = train_offpolicy("sac", BrightPixelEnv(), total_steps=1500, cfg=cfg, seed=0, policy="cnn",
                         policy_kwargs=TINY_CNN)  # fmt: skip
     assert len(r.episode_returns) == 1500 and r.learner.replay.data["obs/cams%2Ftop"].dtype == np.uint8
-    env, obs, targets = BrightPixelEnv(), [], []
-    for i in range(400):
-        obs.append(env.reset(seed=10_000 + i)[0])
-        targets.append(env.target)
-    batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
-    with torch.no_grad():
-        action, _ = r.learner.policy.sample(batch, deterministic=True)
-    reward = float(-np.abs(action[:, 0].numpy() - np.array(targets)).mean())
+    reward = _deterministic_reward(r.learner.policy, BrightPixelEnv)
     print(f"mean reward {reward:.3f} (blind best {blind:.3f}), {r.wall_time_s:.1f} s")
     assert reward > -0.3 > blind + 0.2
 
@@ -361,14 +366,7 @@ def test_sac_with_random_shift_still_learns_from_the_pixels():
                     buffer_size=5000, random_shift=3)  # fmt: skip
     r = train_offpolicy("sac", ShadeEnv(), total_steps=1500, cfg=cfg, seed=0, policy="cnn",
                         policy_kwargs=TINY_CNN)  # fmt: skip
-    env, obs, targets = ShadeEnv(), [], []
-    for i in range(400):
-        obs.append(env.reset(seed=10_000 + i)[0])
-        targets.append(env.target)
-    batch = {k: torch.as_tensor(np.stack([o[k] for o in obs])) for k in obs[0]}
-    with torch.no_grad():
-        action, _ = r.learner.policy.sample(batch, deterministic=True)
-    reward = float(-np.abs(action[:, 0].numpy() - np.array(targets)).mean())
+    reward = _deterministic_reward(r.learner.policy, ShadeEnv)
     print(f"mean reward {reward:.3f} (blind best {_blind_best(W):.3f}), {r.wall_time_s:.1f} s")
     assert reward > -0.3 > _blind_best(W) + 0.2
 
