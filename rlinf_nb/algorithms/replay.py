@@ -211,9 +211,9 @@ class ReplayBuffer:
         frames.ref[idx] = ref
         change = 0
         for k, slot in enumerate(idx):
-            old = frames.own[slot]
-            frames.own[slot] = None if ref[k] >= 0 else np.array(nxt[k])
-            change += (0 if frames.own[slot] is None else nxt[k].nbytes) - (0 if old is None else old.nbytes)
+            old, new = frames.own[slot], (None if ref[k] >= 0 else np.array(nxt[k]))
+            frames.own[slot] = new
+            change += (new.nbytes if new is not None else 0) - (old.nbytes if old is not None else 0)
         return change
 
     def _gather_next_frames(self, frames: _NextFrames, idx: np.ndarray) -> np.ndarray:
@@ -266,11 +266,13 @@ class ReplayBuffer:
         data = {} if self.data is None else {k: v[: self.size].copy() for k, v in self.data.items()}
         next_frames = {}
         for k, fr in self.next_frames.items():
-            slots = [i for i in range(self.size) if fr.ref[i] < 0]
-            shape = self._item_shape(k)
-            own = np.stack([fr.own[i] for i in slots]) if slots else np.empty((0, *shape), np.uint8)
-            next_frames[k] = {"ref": fr.ref[: self.size].copy(), "own_slots": np.asarray(slots, np.int64),
-                              "own": own}  # fmt: skip
+            slots = np.flatnonzero(fr.ref[: self.size] < 0)
+            own = (
+                np.stack([fr.own[i] for i in slots])
+                if len(slots)
+                else np.empty((0, *self._item_shape(k)), np.uint8)
+            )
+            next_frames[k] = {"ref": fr.ref[: self.size].copy(), "own_slots": slots, "own": own}
         return {"capacity": self.capacity, "size": self.size, "pos": self.pos, "data": data,
                 "next_frames": next_frames}  # fmt: skip
 
