@@ -41,7 +41,17 @@ from .worker import GroupFuture, GroupPlacement, LocalWorkerGroup, WorkerGroup, 
 from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
 
 ACTOR_PREFIX = "run:"
-RECOVERABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+class WorkerLost(RuntimeError):
+    """A worker of ``group`` died (or Ray is restarting it) during a rollout: recover the group and repeat it."""
+
+    def __init__(self, group: str, detail: str):
+        self.group, self.detail = group, detail
+        super().__init__(f"a {group} worker was lost during the rollout: {detail}")
+
+
+RECOVERABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, WorkerLost)
 
 
 def actor_name(run_name: str) -> str:
@@ -280,6 +290,9 @@ class RunControllerImpl:
         policy_dict = to_dict(cfg.policy)
         # The rollout and learner workers start now and read the spaces once env worker 0 has them.
         spaces = [self.groups["env"].actors[0].spaces.remote()]
+        # Held for the run's life: a restarted rollout/learner worker reads the spaces again from this
+        # nested ref, and Ray frees a nested ref once its owner (here) drops it (session 17's flake).
+        self.spaces_ref = spaces
         if not self.colocated:  # colocated: each env worker runs its own copy of the policy
             self.groups["rollout"] = WorkerGroup("rollout", RolloutWorker, placements["rollout"],
                                                  (policy_dict, spaces, cfg.seed), max_restarts=3)  # fmt: skip
@@ -398,7 +411,7 @@ class RunControllerImpl:
             except RECOVERABLE as exc:
                 if attempt == 3:
                     raise
-                self._recover_env_failure(exc)
+                self._recover_lost_worker(exc)
         raise AssertionError("unreachable")
 
     def _collect_rollout_once(
@@ -517,11 +530,15 @@ class RunControllerImpl:
             try:
                 report = ray.get(done[0])
                 if not report["ok"] and failure is None:
-                    failure = RuntimeError(f"rollout worker failed:\n{report['error']}")
+                    if report.get("lost_peer"):  # e.g. an env worker whose rollout worker died under it
+                        failure = WorkerLost(report["lost_peer"], report["error"][-600:])
+                    else:
+                        failure = RuntimeError(f"rollout worker failed:\n{report['error']}")
                     self._abort_rollout()
             except RECOVERABLE as exc:
                 if failure is None or not isinstance(failure, RECOVERABLE):
-                    failure = exc
+                    group = "rollout" if done[0] in roll_fut.refs else "env"
+                    failure = WorkerLost(group, f"{type(exc).__name__}: {str(exc)[:300]}")
                 self._abort_rollout()
         if failure is not None:
             raise failure
@@ -618,7 +635,7 @@ class RunControllerImpl:
                 self._segment = None
                 if attempt == 3:
                     raise
-                self._recover_env_failure(exc)
+                self._recover_lost_worker(exc)
         raise AssertionError("unreachable")
 
     def _abort_rollout(self) -> None:
@@ -641,21 +658,39 @@ class RunControllerImpl:
                            note="the env worker was restarted by Ray between rollouts; its envs started afresh")  # fmt: skip
         self.env_incarnations = list(incarnations)
 
-    def _recover_env_failure(self, exc: BaseException) -> None:
-        group = self.groups["env"]
-        deadline = time.time() + 120
+    def _recover_lost_worker(self, exc: BaseException) -> None:
+        """After a worker died during a rollout: wait until Ray has restarted it, reset the envs, record it.
+
+        The caller then repeats the rollout; a restarted rollout worker gets the synced weights again first
+        (:meth:`_resync_restarted_rollout_workers`).
+        """
+        lost = exc.group if isinstance(exc, WorkerLost) else "env"
+        for name in ("env", "rollout"):
+            if name not in self.groups:
+                continue
+            health = self._wait_until_alive(self.groups[name], exc)
+            if name == "env":
+                self.env_incarnations = [h.get("incarnation") for h in health]  # recorded below
+        for ch in self.channels.values():
+            ch.clear()
+        self.groups["env"].call("reset").get(timeout=120)
+        note = {"env": "the env worker was restarted by Ray; the rollout was repeated",
+                "rollout": "the rollout worker was lost mid-rollout and restarted by Ray; the envs were reset "
+                           "and the rollout was repeated"}.get(lost, "the rollout was repeated")  # fmt: skip
+        detail = exc.detail if isinstance(exc, WorkerLost) else str(exc)
+        self.event("recovery", group=lost, action="restarted", detail=f"{type(exc).__name__}: {detail[:300]}",
+                   note=note)  # fmt: skip
+
+    @staticmethod
+    def _wait_until_alive(group: Any, exc: BaseException, timeout: float = 120.0) -> list[dict[str, Any]]:
+        deadline = time.time() + timeout
         health = group.health(timeout=2)
         while not all(h["alive"] for h in health) and time.time() < deadline:
             time.sleep(1.0)
             health = group.health(timeout=2)
         if not all(h["alive"] for h in health):
-            raise RuntimeError(f"env workers did not come back after a failure: {health}") from exc
-        self.env_incarnations = [h.get("incarnation") for h in health]  # this recovery is recorded below
-        for ch in self.channels.values():
-            ch.clear()
-        group.call("reset").get(timeout=120)
-        self.event("recovery", group="env", action="restarted", detail=f"{type(exc).__name__}: {str(exc)[:300]}",
-                   note="the env worker was restarted by Ray; the rollout was repeated")  # fmt: skip
+            raise RuntimeError(f"{group.name} workers did not come back after a failure: {health}") from exc
+        return health
 
     def learner_update(self, keys: list[str]) -> dict[str, Any]:
         batch = {k: self.ctx.batch[k] for k in keys + ["versions"] if k in self.ctx.batch}

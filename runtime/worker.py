@@ -36,6 +36,21 @@ class WorkerError(RuntimeError):
         return (WorkerError, (self.group, self.rank, self.method, self.detail))
 
 
+class PeerLost(RuntimeError):
+    """A worker lost the actor it was calling (killed, or being restarted by Ray) in the middle of its work.
+
+    Raised inside a worker (e.g. an env worker whose rollout worker died); :meth:`Worker._invoke` reports it
+    as ``lost_peer: <group>``, so the caller can recover that group and repeat the work instead of failing.
+    """
+
+    def __init__(self, group: str, detail: str):
+        self.group, self.detail = group, detail
+        super().__init__(f"lost a {group} worker: {detail}")
+
+    def __reduce__(self):
+        return (PeerLost, (self.group, self.detail))
+
+
 class PlacementError(RuntimeError):
     """A worker group cannot be placed on this cluster; the message names what is missing."""
 
@@ -59,8 +74,11 @@ class Worker:
             kwargs = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()}
             result = getattr(self, method)(*args, **kwargs)
             return {"ok": True, "result": result, "elapsed": time.perf_counter() - t0}
-        except Exception:  # noqa: BLE001 - shipped to the caller with its traceback
-            return {"ok": False, "error": traceback.format_exc(), "elapsed": time.perf_counter() - t0}
+        except Exception as exc:  # noqa: BLE001 - shipped to the caller with its traceback
+            report = {"ok": False, "error": traceback.format_exc(), "elapsed": time.perf_counter() - t0}
+            if isinstance(exc, PeerLost):
+                report["lost_peer"] = exc.group
+            return report
 
     def ping(self) -> dict[str, Any]:
         return {"rank": self.rank, "group": self.group, "pid": os.getpid(), "host": socket.gethostname(),

@@ -26,7 +26,7 @@ from .inference import PolicyServer
 from .robot_claims import env_id_for, robot_of
 from .robot_control import RobotControl
 from .setup_progress import SetupReporter
-from .worker import Worker
+from .worker import PeerLost, Worker
 
 ABORT = "abort"
 
@@ -159,7 +159,11 @@ class EnvWorker(Worker):
         import ray
 
         def ask(msg: dict[str, Any]) -> dict[str, Any]:
-            report = ray.get(policy._invoke.remote("infer", (msg,), {}))
+            try:
+                report = ray.get(policy._invoke.remote("infer", (msg,), {}))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                # the rollout worker died or Ray is restarting it: the controller recovers and repeats
+                raise PeerLost("rollout", f"{type(exc).__name__}: {str(exc)[:300]}") from exc
             if not report["ok"]:
                 raise RuntimeError(
                     f"the rollout worker failed serving env worker {self.rank}:\n{report['error']}"

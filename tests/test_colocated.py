@@ -249,12 +249,49 @@ def test_a_restarted_rollout_worker_gets_the_synced_weights_before_it_acts_again
     ):
         time.sleep(0.3)
     run.step("rollout")
+    status = run.status()
+    assert status["state"] in ("paused", "stepping"), status.get("error")  # not failed: a new batch
     versions = run.batch().to_local(["versions"])["versions"]
     events = run.events()
     run.stop()
     assert (versions == 1).all(), np.unique(versions)  # not one action from the restarted initial weights
-    resent = events[(events["kind"] == "recovery") & (events["group"] == "rollout")]
-    assert len(resent) == 1 and resent.iloc[0]["action"] == "weights_resent"
+    recoveries = events[(events["kind"] == "recovery") & (events["group"] == "rollout")]
+    resent = recoveries[recoveries["action"] == "weights_resent"]
+    assert len(resent) == 1 and resent.iloc[0]["version"] == 1
+
+
+@pytest.mark.parametrize("mode", ["direct", "channel"])
+def test_a_rollout_worker_killed_mid_rollout_is_restarted_and_the_rollout_repeated(mode):
+    """SIGKILL the rollout worker while env workers wait for its actions. In direct mode the env workers
+    report the lost peer, in channel mode the rollout worker's own call fails. The controller waits for
+    Ray's restart, resets the envs, sends the synced weights again and repeats the rollout: the run goes
+    on, every action from synced weights."""
+    import rlinf_nb as rl
+
+    steps = 2000  # one direct call per env step: seconds of rollout, so the kill lands inside it
+    cfg = small_ppo(mode, algo={"rollout_steps": steps, "epochs": 1, "minibatch_size": steps * N},
+                    budget={"total_env_steps": 10**7, "stop_metric": None, "stop_value": None})  # fmt: skip
+    run = rl.launch(cfg, name=f"roll_midkill_{uuid.uuid4().hex[:6]}", paused=True)
+    (worker,) = run.health()["groups"]["rollout"]
+    stepped: dict = {}
+    stepper = threading.Thread(target=lambda: stepped.update(run.step("rollout")))
+    stepper.start()
+    deadline = time.time() + 60
+    while run.status()["state"] != "stepping" and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.kill(worker["pid"], signal.SIGKILL)
+    stepper.join(timeout=300)
+    status = run.status()
+    events = run.events()
+    alive = status["state"] in ("paused", "stepping")
+    versions = run.batch().to_local(["versions"])["versions"] if alive else None
+    run.stop()
+    assert alive, status.get("error")
+    assert stepped.get("stage") == "rollout" and status["env_steps"] == steps * N  # the repeated rollout only
+    assert versions.shape == (steps, N) and (versions == 0).all(), np.unique(versions)  # synced at setup
+    recoveries = events[(events["kind"] == "recovery") & (events["group"] == "rollout")]
+    assert list(recoveries["action"]) == ["restarted", "weights_resent"], recoveries
 
 
 def test_colocated_refuses_obs_compression():
