@@ -197,21 +197,42 @@ def our_processes(state: ClusterState) -> list:
     return list(found.values())
 
 
-def _terminate(procs: list, grace: float = 10.0) -> int:
+def _stop_stage(proc) -> int:
+    """When ``proc`` gets its SIGTERM: raylets first, GCS servers last, everything else between.
+
+    This is ``ray stop``'s order. A raylet signalled together with everything else waits ~10 s for the
+    GCS and its agents before exiting; signalled first it exits in ~1.5 s and its agents follow it.
+    """
     import psutil
 
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    try:
+        exe = " ".join(proc.cmdline()[:1])
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return 1
+    if exe.endswith("/raylet"):
+        return 0
+    return 2 if exe.endswith("/gcs_server") else 1
+
+
+def _terminate(procs: list, grace_per_stage: float = 5.0) -> int:
+    """SIGTERM ``procs`` stage by stage (:func:`_stop_stage`), SIGKILL what outlives a stage's grace."""
+    import psutil
+
+    stages = [_stop_stage(proc) for proc in procs]  # read before anything exits
+    for stage in (0, 1, 2):
+        group = [proc for proc, s in zip(procs, stages, strict=True) if s == stage]
+        for proc in group:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(group, timeout=grace_per_stage)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
     return len(procs)
 
 
