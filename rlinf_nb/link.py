@@ -20,6 +20,7 @@ Three pieces, all pure numpy (no Ray, no gymnasium), so configs and channel acto
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "delay_kinds",
     "delay_steps",
     "delivery_times",
+    "stream_seed",
     "register_delay",
 ]
 
@@ -251,7 +253,9 @@ class ChannelLink:
     bandwidth_bytes_s: float = param(
         0.0, doc="link bandwidth in bytes/s (0 = unlimited); messages are sent one at a time", range=(0, None)
     )
-    seed: int = param(0, doc="seed of the latency draws")
+    seed: int = param(
+        0, doc="seed of the latency draws; each stream (and each env worker's line) mixes its own name in"
+    )
 
     @classmethod
     def of(cls, value: ChannelLink | Mapping[str, Any]) -> ChannelLink:
@@ -259,6 +263,16 @@ class ChannelLink:
             value.latency.validate()
             return value
         return build(cls, value, path="link")
+
+
+def stream_seed(seed: int, *keys: str | int) -> int:
+    """A seed for one stream of a link config: ``seed`` mixed with the stream's ``keys``.
+
+    Links that share a config seed (every run's obs and actions links default to 0) then draw
+    independent latencies, while the same seed and keys always give the same draws.
+    """
+    words = [int(seed)] + [zlib.crc32(str(k).encode()) for k in keys]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0])
 
 
 def delivery_times(

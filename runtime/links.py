@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlinf_nb.config import build, param, to_dict
-from rlinf_nb.link import ChannelLink, LinkClock
+from rlinf_nb.link import ChannelLink, LinkClock, stream_seed
 
 __all__ = ["LINK_NAMES", "DirectLink", "LinkDelays", "RunLinks", "link_enabled"]
 
@@ -63,8 +63,10 @@ class RunLinks:
         return {name: getattr(self, name) for name in LINK_NAMES if link_enabled(getattr(self, name))}
 
     def channel_link(self, name: str) -> ChannelLink | None:
-        """The link of channel ``name`` (None when it is off, so the channel runs without one)."""
-        return self.active().get(name)
+        """The link of channel ``name`` with its stream's own seed (None when it is off, so the channel
+        runs without one)."""
+        link = self.active().get(name)
+        return None if link is None else dataclasses.replace(link, seed=stream_seed(link.seed, name))
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """The active links as plain dicts (for the run's events and status)."""
@@ -104,8 +106,8 @@ class LinkDelays:
 class DirectLink:
     """The ``obs``/``actions`` links of one env worker's direct requests (``env_to_rollout: direct``).
 
-    Each env worker draws its own latencies (seed ``link.seed + rank``) and has its own bandwidth,
-    as if it had its own line to its rollout worker.
+    Each env worker draws its own latencies (seeded by the link's seed, the stream and its rank) and
+    has its own bandwidth, as if it had its own line to its rollout worker.
     """
 
     def __init__(self, links: Mapping[str, Any], rank: int):
@@ -113,7 +115,7 @@ class DirectLink:
             if name not in links:
                 return None
             link = build(ChannelLink, links[name], path=f"placement.links.{name}")
-            return LinkClock(dataclasses.replace(link, seed=link.seed + rank))
+            return LinkClock(dataclasses.replace(link, seed=stream_seed(link.seed, name, rank)))
 
         self.obs, self.actions = clock("obs"), clock("actions")
         self.delays = LinkDelays()

@@ -81,6 +81,44 @@ def test_direct_link_waits_out_request_and_reply_and_leaves_the_data_alone():
     assert link.take_delays() == {}
 
 
+def delays_drawn(link, n: int = 20) -> np.ndarray:
+    from rlinf_nb.link import LinkClock
+
+    clock = LinkClock(link)
+    return np.array([clock.deliver(float(i), 0) - i for i in range(n)])  # messages 1 s apart: no queueing
+
+
+UNIFORM = {"latency": {"kind": "uniform", "low_ms": 0, "high_ms": 100}}
+
+
+def test_streams_sharing_a_seed_draw_independent_latencies():
+    """obs, actions and trajectories default to the same seed (0); each stream must still draw its
+    own sequence (perfectly correlated request and reply delays would model no real network)."""
+    links = links_of({"obs": UNIFORM, "actions": UNIFORM, "trajectories": UNIFORM})
+    draws = {n: delays_drawn(links.channel_link(n)) for n in ("obs", "actions", "trajectories")}
+    assert not np.allclose(draws["obs"], draws["actions"])
+    assert not np.allclose(draws["obs"], draws["trajectories"])
+    again = links_of({"obs": UNIFORM, "actions": UNIFORM, "trajectories": UNIFORM})
+    np.testing.assert_array_equal(draws["obs"], delays_drawn(again.channel_link("obs")))  # reproducible
+    other = links_of({"obs": {**UNIFORM, "seed": 1}})
+    assert not np.allclose(draws["obs"], delays_drawn(other.channel_link("obs")))  # the seed still counts
+
+
+def test_direct_links_draw_per_stream_and_per_env_worker():
+    config = {"obs": UNIFORM, "actions": UNIFORM}
+
+    def draws(rank: int) -> tuple[np.ndarray, np.ndarray]:
+        link = DirectLink(config, rank=rank)
+        obs = np.array([link.obs.deliver(float(i), 0) - i for i in range(20)])
+        actions = np.array([link.actions.deliver(float(i), 0) - i for i in range(20)])
+        return obs, actions
+
+    (obs0, act0), (obs1, act1), (obs0_again, _) = draws(0), draws(1), draws(0)
+    assert not np.allclose(obs0, act0) and not np.allclose(obs0, obs1) and not np.allclose(act0, act1)
+    np.testing.assert_array_equal(obs0, obs0_again)
+    assert obs0.min() >= 0 and obs0.max() <= 0.1
+
+
 def test_link_delays_metrics():
     d = LinkDelays()
     d.add("obs", 0.05, 2)
