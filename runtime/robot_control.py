@@ -74,24 +74,24 @@ class RobotControl:
 
     def state(self) -> list[dict[str, Any]]:
         """Per env: ``mode``, ``human`` (has a human in the loop), ``estopped``, ``reason``,
-        ``waiting`` (its reset waits for the clear), ``ee`` (end effector, m; None without
-        kinematics), ``episode_step``, ``human_weight``."""
+        ``waiting`` (its reset waits for the clear), ``ee`` (end effector of its first arm, m; None
+        without kinematics), ``episode_step``, ``human_weight``, and ``arms``: per arm, in the action
+        vector's order, ``{"path", "mode", "human_weight", "ee"}`` (a multi-arm env's humans take
+        arms over one by one)."""
         from rlinf_nb.envs.human import HumanInTheLoop
 
         out = []
         for i, env in enumerate(self.envs):
             human = env.intervention if isinstance(env.intervention, HumanInTheLoop) else None
-            mode, weight = "agent", 0.0
-            if human is not None:
-                mode, weight = human.mode()
+            mode, weight = human.mode() if human is not None else ("agent", 0.0)
+            arm_modes = human.arm_modes() if human is not None else {}
+            arms = [{"path": path, "mode": arm_modes.get(path, ("agent", 0.0))[0],
+                     "human_weight": float(arm_modes.get(path, ("agent", 0.0))[1]), "ee": _ee(arm)}
+                    for path, arm in env.arms.items()]  # fmt: skip
             latch = env.robot.estop_latch
-            try:
-                ee = [float(x) for x in env.arm.ee_position()] if env.arm.has_kinematics else None
-            except Exception:  # noqa: BLE001 - a state read must not fail the control call
-                ee = None
             out.append({"mode": mode, "human": human is not None, "human_weight": float(weight),
                         "estopped": bool(latch.engaged), "reason": latch.reason, "waiting": i in self.waiting,
-                        "ee": ee, "episode_step": int(env.episode_step)})  # fmt: skip
+                        "ee": _ee(env.arm), "episode_step": int(env.episode_step), "arms": arms})  # fmt: skip
         return out
 
     def _waiter(self, index: int) -> Any:
@@ -105,6 +105,14 @@ class RobotControl:
                 self.waiting.discard(index)
 
         return wait
+
+
+def _ee(arm: Any) -> list[float] | None:
+    """``arm``'s end-effector position (m), or None without kinematics or when the read fails."""
+    try:
+        return [float(x) for x in arm.ee_position()] if arm.has_kinematics else None
+    except Exception:  # noqa: BLE001 - a state read must not fail the control call
+        return None
 
 
 class RobotFleet:

@@ -72,6 +72,8 @@ def test_per_arm_take_over_and_hand_back_from_the_notebook_reach_the_stepping_en
             time.sleep(0.5)
         last = run.metrics().iloc[-1]
         assert last[f"intervention_rate/{RIGHT}"] == 0.5 and last[f"intervention_rate/{LEFT}"] == 0.0
+        arms = {a["path"]: a["mode"] for a in run.status()["robot_envs"][1]["arms"]}  # the dashboard's view
+        assert arms == {LEFT: "agent", RIGHT: "human"}
         run.hand_back(env=1, arm=RIGHT)
         deadline = time.time() + 300
         while time.time() < deadline and run.metrics()[f"intervention_rate/{RIGHT}"].iloc[-1] > 0:

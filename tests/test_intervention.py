@@ -97,6 +97,23 @@ def test_state_reports_who_drives_and_errors_name_the_problem():
     assert "'CartPole-v1' is not a robot env" in cartpole["error"]
 
 
+def test_state_reports_each_arm_of_a_multi_arm_robot():
+    env = make_env("robot:mock_bimanual/bireach", 2, seed=0, human={"teleop": None, "blend_steps": 2})
+    env.reset()
+    control = RobotControl(env, "robot:mock_bimanual/bireach")
+    env.envs[1].human_command({"kind": "take_over", "arm": "right/arm"})
+    env.step(np.zeros((2, 6)))
+    arms = control.state()[1]["arms"]
+    assert [(a["path"], a["mode"], a["human_weight"]) for a in arms] == [
+        ("left/arm", "agent", 0.0), ("right/arm", "human", 1.0)
+    ]  # fmt: skip
+    assert all(len(a["ee"]) == 3 for a in arms) and control.state()[1]["mode"] == "human"
+    assert [a["mode"] for a in control.state()[0]["arms"]] == ["agent", "agent"]
+    env.envs[1].human_command({"kind": "hand_back", "arm": "right/arm"})
+    env.step(np.zeros((2, 6)))
+    assert control.state()[1]["arms"][1]["mode"] == "blending"
+
+
 def test_a_robot_env_without_the_hook_still_refuses_to_reset_while_latched():
     from rlinf_nb.robots import EStopLatchedError
 
@@ -131,17 +148,19 @@ class FakeRobotRun(FakeRun):
                  "ee": [0.42, 0.0, 0.19], "episode_step": 3} for i in range(self.n_envs)]  # fmt: skip
         return {**super().status(), "robot_envs": envs, "estopped": sorted(self.latched)}
 
-    def take_over(self, env: int = 0) -> None:
-        self.calls.append(("take_over", env))
+    def take_over(self, env: int = 0, arm: str | None = None) -> None:
+        self.calls.append(("take_over", env, *([arm] if arm else [])))
         self.modes[env] = "human"
 
-    def hand_back(self, env: int = 0) -> None:
-        self.calls.append(("hand_back", env))
+    def hand_back(self, env: int = 0, arm: str | None = None) -> None:
+        self.calls.append(("hand_back", env, *([arm] if arm else [])))
         self.modes[env] = "blending"
 
-    def human_action(self, action, env: int = 0) -> None:
+    def human_action(self, action, env: int = 0, arm: str | None = None) -> None:
         time.sleep(self.slow_actions)
-        self.calls.append(("human_action", [round(float(x), 6) for x in action], env))
+        self.calls.append(
+            ("human_action", [round(float(x), 6) for x in action], env, *([arm] if arm else []))
+        )
 
     def mark(self, outcome: str, env: int = 0) -> None:
         self.calls.append(("mark", outcome, env))
@@ -304,7 +323,7 @@ def test_estop_is_latched_on_the_page_and_never_waits_behind_key_actions(recordi
 def test_failed_take_over_puts_the_toggle_back(recording):
     run = FakeRobotRun()
 
-    def refuse(env: int = 0) -> None:
+    def refuse(env: int = 0, arm: str | None = None) -> None:
         raise ValueError("this env has no human in the loop")
 
     run.take_over = refuse
@@ -313,6 +332,92 @@ def test_failed_take_over_puts_the_toggle_back(recording):
     settle(panel)
     assert not panel.takeover_button.value and "no human in the loop" in panel.message.value
     panel.close()
+
+
+LEFT, RIGHT = "left/arm", "right/arm"
+
+
+class FakeBimanualRun(FakeRobotRun):
+    """FakeRobotRun with two arms per env: take-overs and hand-backs act per arm (None: every arm)."""
+
+    def __init__(self) -> None:
+        super().__init__(n_envs=2)
+        self.arm_modes = [{LEFT: "agent", RIGHT: "agent"} for _ in range(self.n_envs)]
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "env": {"id": "robot:mock_bimanual/bireach", "num_envs": self.n_envs,
+                                            "kwargs": {"human": {}}}}  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        st = super().status()
+        for env in st["robot_envs"]:
+            modes = self.arm_modes[env["env"]]
+            env["mode"] = "human" if "human" in modes.values() else "agent"
+            env["arms"] = [{"path": p, "mode": m, "human_weight": float(m == "human"), "ee": [0.4, 0.0, 0.2]}
+                           for p, m in modes.items()]  # fmt: skip
+        return st
+
+    def _set(self, env: int, arm: str | None, mode: str) -> None:
+        for path in [arm] if arm else list(self.arm_modes[env]):
+            self.arm_modes[env][path] = mode
+
+    def take_over(self, env: int = 0, arm: str | None = None) -> None:
+        super().take_over(env, arm)
+        self._set(env, arm, "human")
+
+    def hand_back(self, env: int = 0, arm: str | None = None) -> None:
+        super().hand_back(env, arm)
+        self._set(env, arm, "agent")
+
+
+def test_single_arm_robots_show_no_arm_selector(recording):
+    run = FakeRobotRun()
+    panel = InterventionPanel.for_run(run)
+    panel.update(run.status())
+    assert panel.arm_select.layout.display == "none" and panel.arm is None
+    panel.close()
+
+
+def test_the_arm_selector_takes_over_and_drives_one_arm_of_a_bimanual_robot(recording, monkeypatch):
+    import rlinf_nb.widgets.intervention as mod
+
+    monkeypatch.setattr(mod, "SYNC_GRACE_S", 0.0)
+    run = FakeBimanualRun()
+    dash = dashboard(run, start=False)
+    panel = dash.intervention
+    dash.poll_once(["status"])
+    assert panel.arm_select.layout.display is None  # shown: the robot has two arms
+    assert [v for _label, v in panel.arm_select.options] == ["", LEFT, RIGHT]
+    assert f"{LEFT} <span" in panel.mode.value and f"{RIGHT} <span" in panel.mode.value
+
+    page_set(panel.arm_select, index=2)  # the right arm
+    page_set(panel.takeover_button, value=True)
+    settle(panel)
+    page_key(panel, "w")
+    settle(panel)
+    assert run.calls == [("take_over", 0, RIGHT), ("human_action", [0.5, 0, 0], 0, RIGHT)]
+    assert "driving env 0 right/arm" in sent_to_page(panel.pad, "label")[-1]
+    dash.poll_once(["status"])
+    assert panel.takeover_button.value  # the right arm is the human's
+
+    page_set(panel.arm_select, index=1)  # choosing the left arm lets go of the right one first
+    settle(panel)
+    assert run.calls[-1] == ("hand_back", 0, RIGHT) and not panel.takeover_button.value
+    run.take_over(env=0, arm=LEFT)  # from code: the toggle follows the selected arm's mode
+    dash.poll_once(["status"])
+    assert panel.takeover_button.value
+    page_set(panel.arm_select, index=2)
+    settle(panel)
+    dash.poll_once(["status"])
+    assert run.arm_modes[0] == {LEFT: "agent", RIGHT: "agent"} and not panel.takeover_button.value
+
+    page_set(panel.arm_select, index=0)  # every arm: the same key step for each arm's slice
+    page_set(panel.takeover_button, value=True)
+    settle(panel)
+    page_key(panel, "e")
+    settle(panel)
+    assert run.calls[-2:] == [("take_over", 0), ("human_action", [0, 0, 0.5, 0, 0, 0.5], 0)]
+    dash.close()
 
 
 # ----------------------------------------------------------------------------- on the cluster

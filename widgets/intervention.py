@@ -4,14 +4,16 @@ Shown when the run's envs are robot envs (``robot:<spec>/<task>``), hidden other
 
 * an env selector and a **Take over / Hand back** toggle (``run.take_over`` / ``run.hand_back``;
   handing back blends over the env's ``blend_steps``);
+* on multi-arm robots an arm selector: the toggle and the keys act on that arm only (the policy
+  keeps driving the others), or on every arm together ("all arms", each arm moved by the same keys);
 * **Mark success / Mark failure** (``run.mark``: ends the env's episode with that verdict);
 * a red, latched **E-STOP** (``run.estop``: every robot env of the run holds at once, until
   cleared) and **Clear e-stop** (``run.clear_estop``);
 * a keyboard teleop pad (:class:`TeleopKeys`, an anywidget): click it, then hold keys; each
   change sends ``run.human_action`` with an end-effector step of ``step`` (in [-1, 1], a fraction
   of the env's ``max_ee_step`` per control step) along the held keys' axes (:data:`KEY_HELP`);
-* a mode line from ``run.status()``: who drives each env (agent / human / blending), which envs
-  are e-stopped (and why) and where each end effector is.
+* a mode line from ``run.status()``: who drives each env (agent / human / blending; per arm on
+  multi-arm robots), which envs are e-stopped (and why) and where each end effector is.
 
 Commands run on the panel's own daemon threads, never in the kernel's cell: the e-stop has a
 thread to itself, so it never waits behind a slow command (a ``step`` of the dashboard, a burst
@@ -57,6 +59,7 @@ KEY_HELP = (
 )
 _MODE_COLOURS = {"agent": "#2ca02c", "human": "#ff7f0e", "blending": "#9467bd"}
 SYNC_GRACE_S = 3.0  # after a local toggle, the status may still show the old mode for this long
+ALL_ARMS = ""  # the arm selector's value for "every arm together"
 
 
 class TeleopKeys(anywidget.AnyWidget):
@@ -108,6 +111,10 @@ def mode_html(states: list[dict[str, Any]] | None, selected: int) -> str:
         mode = s.get("mode", "?")
         colour = _MODE_COLOURS.get(mode, "#333")
         bits = [f"env {s.get('env')}", f"<b style='color:{colour}'>{html.escape(mode)}</b>"]
+        arms = s.get("arms") or []
+        if len(arms) > 1:
+            bits.append(", ".join(f"{html.escape(a['path'])} <span style='color:{_MODE_COLOURS.get(a['mode'], '#333')}'>"
+                                  f"{html.escape(a['mode'])}</span>" for a in arms))  # fmt: skip
         if s.get("estopped"):
             why = html.escape(str(s.get("reason") or ""))
             bits.append(
@@ -157,6 +164,12 @@ class InterventionPanel(widgets.VBox):
             options=[(f"env {i}", i) for i in range(self.n_envs)], value=0, description="env",
             layout=widgets.Layout(width="140px"), style={"description_width": "30px"},
         )  # fmt: skip
+        self.arm_paths: list[str] = []  # the robot's arms (learned from the status; shown when more than one)
+        self.arm_select = widgets.Dropdown(
+            options=[("all arms", ALL_ARMS)], value=ALL_ARMS, description="arm",
+            tooltip="the arm that Take over and the keys act on (the policy keeps the others)",
+            layout=widgets.Layout(width="180px", display="none"), style={"description_width": "30px"},
+        )  # fmt: skip
         self.takeover_button = widgets.ToggleButton(
             value=False, description="Take over", icon="hand-paper-o", button_style="info",
             tooltip="a human drives the selected env (keys below) until Hand back", layout=widgets.Layout(width="auto"),
@@ -186,6 +199,7 @@ class InterventionPanel(widgets.VBox):
 
         self.takeover_button.observe(self._toggled, names=["value"])
         self.env_select.observe(self._env_changed, names=["value"])
+        self.arm_select.observe(self._arm_changed, names=["value"])
         self.success_button.on_click(lambda _b: self.mark("success"))
         self.failure_button.on_click(lambda _b: self.mark("failure"))
         self.estop_button.on_click(lambda _b: self.engage_estop("dashboard"))
@@ -193,7 +207,7 @@ class InterventionPanel(widgets.VBox):
         self.step_size.observe(lambda _c: self._keys_changed(), names=["value"])
 
         title = widgets.HTML("<b>intervention</b>")
-        row1 = widgets.HBox([self.env_select, self.takeover_button, self.success_button, self.failure_button,
+        row1 = widgets.HBox([self.env_select, self.arm_select, self.takeover_button, self.success_button, self.failure_button,
                              self.estop_button, self.clear_button], layout=widgets.Layout(flex_flow="row wrap"))  # fmt: skip
         row2 = widgets.HBox([self.pad, self.step_size], layout=widgets.Layout(align_items="center"))
         self._parts = [title, row1, row2, self.help, self.mode, self.message]
@@ -214,6 +228,14 @@ class InterventionPanel(widgets.VBox):
     @property
     def env(self) -> int:
         return int(self.env_select.value)
+
+    @property
+    def arm(self) -> str | None:
+        """The selected arm's path (None: every arm, the only choice on single-arm robots)."""
+        return self.arm_select.value or None
+
+    def _where(self, env: int, arm: str | None) -> str:
+        return f"env {env}" + (f" {arm}" if arm else "")
 
     # ------------------------------------------------------------------ commands
 
@@ -249,13 +271,13 @@ class InterventionPanel(widgets.VBox):
         if self._syncing:
             return
         self._local_change_at = time.monotonic()
-        env = self.env
+        env, arm = self.env, self.arm
         self.held.clear()
         if change["new"]:
-            self._act(f"take over env {env}", lambda: self.run.take_over(env=env),
+            self._act(f"take over {self._where(env, arm)}", lambda: self.run.take_over(env=env, arm=arm),
                       on_error=lambda: self._set_toggle(False))  # fmt: skip
         else:
-            self._act(f"hand back env {env}", lambda: self.run.hand_back(env=env))
+            self._act(f"hand back {self._where(env, arm)}", lambda: self.run.hand_back(env=env, arm=arm))
         self._show_label()
 
     def _style_toggle(self) -> None:
@@ -265,14 +287,22 @@ class InterventionPanel(widgets.VBox):
         self.pad.active = on
 
     def _env_changed(self, change: dict[str, Any]) -> None:
-        if self.takeover_button.value:  # the human lets go of the old env before choosing another
-            old = int(change["old"])
-            self.held.clear()
-            self._act(f"hand back env {old}", lambda: self.run.hand_back(env=old))
-            self._set_toggle(False)
+        self._let_go(int(change["old"]), self.arm)
         self._sync_from_states(force=True)
         self.mode.value = mode_html(self.states, self.env)
         self._show_label()
+
+    def _arm_changed(self, change: dict[str, Any]) -> None:
+        self._let_go(self.env, change["old"] or None)
+        self._sync_from_states(force=True)
+        self._show_label()
+
+    def _let_go(self, env: int, arm: str | None) -> None:
+        """The human lets go of what it drove before choosing another env or arm."""
+        if self.takeover_button.value:
+            self.held.clear()
+            self._act(f"hand back {self._where(env, arm)}", lambda: self.run.hand_back(env=env, arm=arm))
+            self._set_toggle(False)
 
     def mark(self, outcome: str) -> Future:
         env = self.env
@@ -290,13 +320,17 @@ class InterventionPanel(widgets.VBox):
     # ------------------------------------------------------------------ keys
 
     def action(self) -> list[float]:
-        """The human action of the held keys: ``step`` along each held axis (plus the gripper's)."""
+        """The human action of the held keys: ``step`` along each held axis (plus the gripper's).
+
+        With every arm selected on a multi-arm robot, each arm gets the same end-effector step."""
         a = np.zeros(3)
         for key in self.held:
             axis, sign = KEYMAP[key]
             a[axis] += sign
         a = np.clip(a, -1.0, 1.0) * float(self.step_size.value)
         out = [float(x) for x in a]
+        if self.arm is None and len(self.arm_paths) > 1:
+            out = out * len(self.arm_paths)
         if self.gripper:
             out.append(self.grip)
         return out
@@ -338,32 +372,33 @@ class InterventionPanel(widgets.VBox):
                     "<i>press <b>Take over</b> (or T) first: keys drive only a taken-over env</i>"
                 )
             return
-        self._send_action(self.env, self.action())
+        self._send_action(self.env, self.arm, self.action())
 
-    def _send_action(self, env: int, action: list[float]) -> None:
+    def _send_action(self, env: int, arm: str | None, action: list[float]) -> None:
         """Send the newest action; while one is on its way, later ones replace each other (no backlog)."""
         with self._lock:
-            self._pending = (env, action)
+            self._pending = (env, arm, action)
             if self._queued:
                 return
             self._queued = True
 
         def job() -> None:
             with self._lock:
-                env_, action_ = self._pending
+                env_, arm_, action_ = self._pending
                 self._queued = False
             self.sent.append((env_, action_))
-            self.run.human_action(action_, env=env_)
+            self.run.human_action(action_, env=env_, arm=arm_)
 
         self._act("human action", job, quiet=True)
 
     def _show_label(self) -> None:
         if not self.takeover_button.value:
-            self.pad.label = f"keys: take over env {self.env} first (button or T)"
+            self.pad.label = f"keys: take over {self._where(self.env, self.arm)} first (button or T)"
             return
         held = " ".join(sorted(k.upper() if len(k) == 1 else k for k in self.held)) or "none"
         a = self.action()
-        self.pad.label = f"driving env {self.env} · held: {held} · action " + " ".join(f"{x:+.2f}" for x in a)
+        self.pad.label = (f"driving {self._where(self.env, self.arm)} · held: {held} · action "
+                          + " ".join(f"{x:+.2f}" for x in a))  # fmt: skip
 
     # ------------------------------------------------------------------ status
 
@@ -375,6 +410,7 @@ class InterventionPanel(widgets.VBox):
         if states is not None and not self.visible:
             self.layout.display = None
         self.states = states
+        self._learn_arms(states)
         self.estopped = list(st.get("estopped") or [])
         latched = bool(self.estopped)
         self.estop_button.description = "E-STOPPED" if latched else "E-STOP"
@@ -388,6 +424,7 @@ class InterventionPanel(widgets.VBox):
             self.failure_button,
             self.estop_button,
             self.env_select,
+            self.arm_select,
         ):
             w.disabled = final
         if final:
@@ -395,13 +432,25 @@ class InterventionPanel(widgets.VBox):
         self._sync_from_states()
         self.mode.value = mode_html(states, self.env)
 
+    def _learn_arms(self, states: list[dict[str, Any]] | None) -> None:
+        """Offer the robot's arms in the arm selector once the status names more than one."""
+        paths = [a["path"] for a in ((states or [{}])[0].get("arms") or [])]
+        if paths == self.arm_paths:
+            return
+        self.arm_paths = paths
+        self.arm_select.options = [("all arms", ALL_ARMS)] + [(p, p) for p in paths]
+        self.arm_select.layout.display = None if len(paths) > 1 else "none"
+        self._show_label()
+
     def _sync_from_states(self, force: bool = False) -> None:
-        """The toggle follows the selected env's mode (a take-over from code shows here too)."""
+        """The toggle follows the selected env's (or arm's) mode: a take-over from code shows here too."""
         if not self.states or (not force and time.monotonic() - self._local_change_at < SYNC_GRACE_S):
             return
         mine = next((s for s in self.states if s.get("env") == self.env), None)
-        if mine is not None:
-            self._set_toggle(mine.get("mode") == "human")
+        if mine is None:
+            return
+        arm = next((a for a in mine.get("arms") or [] if a.get("path") == self.arm), None)
+        self._set_toggle((arm or mine).get("mode") == "human")
 
     def _set_toggle(self, on: bool) -> None:
         if self.takeover_button.value == on:
@@ -418,10 +467,10 @@ class InterventionPanel(widgets.VBox):
     def close(self) -> None:
         self.actions.close()
         self.estop_actions.close()
-        for w in (*self._parts, self.env_select, self.takeover_button, self.success_button, self.failure_button,
+        for w in (*self._parts, self.env_select, self.arm_select, self.takeover_button, self.success_button, self.failure_button,
                   self.estop_button, self.clear_button, self.step_size, self.pad, *self._parts[1].children):  # fmt: skip
             w.close()
         super().close()
 
 
-__all__ = ["KEYMAP", "KEY_HELP", "InterventionPanel", "TeleopKeys", "mode_html", "robot_run_info"]
+__all__ = ["ALL_ARMS", "KEYMAP", "KEY_HELP", "InterventionPanel", "TeleopKeys", "mode_html", "robot_run_info"]
