@@ -388,6 +388,8 @@ class RunControllerImpl:
         self.update_step = state["update_step"]
         self.env_steps = state["env_steps"]
         self.episodes = state["episodes"]
+        self.worker_env_steps.update(state.get("worker_env_steps", {}))  # absent before session 17
+        self.worker_episodes.update(state.get("worker_episodes", {}))
         self.returns_window.extend(state["returns_window"])
         self.lengths_window.extend(state["lengths_window"])
         self.success_window.extend(state.get("success_window", []))
@@ -873,6 +875,8 @@ class RunControllerImpl:
             "update_step": self.update_step,
             "env_steps": self.env_steps,
             "episodes": self.episodes,
+            "worker_env_steps": dict(self.worker_env_steps),
+            "worker_episodes": dict(self.worker_episodes),
             "returns_window": list(self.returns_window),
             "lengths_window": list(self.lengths_window),
             "success_window": list(self.success_window),

@@ -117,6 +117,7 @@ def test_killed_controller_resumes_from_last_complete_checkpoint():
     resumed = rl.launch(None, name=name, resume=True)
     st = wait_for_step(resumed, ckpt.step + 2)
     assert st["update_step"] >= ckpt.step + 2
+    assert sum(w["env_steps"] for w in st["env_workers"]) == st["env_steps"]  # per-worker counts resumed too
     events = resumed.events()
     resume_rows = events[events["kind"] == "resume"]
     assert len(resume_rows) == 1 and int(resume_rows.iloc[0]["from_step"]) == ckpt.step
