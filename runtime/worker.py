@@ -120,38 +120,80 @@ def check_placement(groups: dict[str, GroupPlacement]) -> None:
     and totals over all groups; Ray itself would leave such actors pending forever.
     """
     nodes = [n for n in ray.nodes() if n.get("Alive")]
+    totals = [dict(n.get("Resources", {})) for n in nodes]
     try:  # what other runs left free, per node
         from ray._private.state import available_resources_per_node
 
         free = available_resources_per_node()
         remaining = [dict(free.get(n["NodeID"], n.get("Resources", {}))) for n in nodes]
     except Exception:  # noqa: BLE001 - an internal API: fall back to totals
-        remaining = [dict(n.get("Resources", {})) for n in nodes]
+        remaining = [dict(t) for t in totals]
+    problem = placement_problem(groups, totals, remaining)
+    if problem is not None:
+        raise PlacementError(problem)
+
+
+def _fits(have: dict[str, float], k: str, v: float) -> bool:
+    return have.get(k, 0.0) + 1e-9 >= v
+
+
+def placement_problem(
+    groups: dict[str, GroupPlacement], totals: list[dict[str, float]], remaining: list[dict[str, float]]
+) -> str | None:
+    """Why ``groups`` cannot be placed on nodes with resources ``totals`` of which ``remaining`` are free
+    (one dict per node, same order), or None when every worker fits. Pure: ``remaining`` is not changed.
+
+    The message names the group, the worker, what it needs and the resource that blocks it: one no node
+    provides, one other runs or groups hold, or, when each resource exists somewhere but no node has
+    all of them, what the closest node (one of its node group's nodes, if it has a label) lacks.
+    """
+    remaining = [dict(r) for r in remaining]
+    cluster: dict[str, float] = {}
+    for res in totals:
+        for k, v in res.items():
+            cluster[k] = cluster.get(k, 0.0) + v
     for name, placement in groups.items():
         for i in range(placement.count):
             need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.actor_resources(i)}
             need = {k: v for k, v in need.items() if v > 0}
-            fit = next(
-                (r for r in remaining if all(r.get(k, 0.0) + 1e-9 >= v for k, v in need.items())), None
-            )
-            if fit is None:
-                totals: dict[str, float] = {}
-                for res in (n.get("Resources", {}) for n in nodes):
-                    for k, v in res.items():
-                        totals[k] = totals.get(k, 0.0) + v
-                missing = [k for k, v in need.items() if totals.get(k, 0.0) < v]
-                short = [k for k, v in need.items() if all(r.get(k, 0.0) + 1e-9 < v for r in remaining)]
-                what = (missing or short or list(need))[0]
-                have = totals.get(what, 0.0)
-                why = "no node provides it" if what in missing else "other runs or groups hold the rest"
-                raise PlacementError(
-                    f"worker group {name!r}: worker {i + 1} of {placement.count} needs {need}, but no node has "
-                    f"enough {what!r} left ({why}; cluster total {have:g}). Lower the group's num_workers or "
-                    f"num_cpus, stop another run, or start a cluster whose YAML provides {what!r} "
-                    f"(rlinf-nb cluster up --config ...)."
+            fit = next((r for r in remaining if all(_fits(r, k, v) for k, v in need.items())), None)
+            if fit is not None:
+                for k, v in need.items():
+                    fit[k] = fit.get(k, 0.0) - v
+                continue
+            who = f"worker group {name!r}: worker {i + 1} of {placement.count} needs {need}, but "
+            missing = [k for k, v in need.items() if cluster.get(k, 0.0) < v]
+            short = [k for k, v in need.items() if not any(_fits(r, k, v) for r in remaining)]
+            if missing or short:
+                what = (missing or short)[0]
+                why = "no node provides it" if missing else "other runs or groups hold the rest"
+                return (
+                    f"{who}no node has enough {what!r} left ({why}; cluster total {cluster.get(what, 0.0):g}). "
+                    f"Lower the group's num_workers or num_cpus, stop another run, or start a cluster whose "
+                    f"YAML provides {what!r} (rlinf-nb cluster up --config ...)."
                 )
-            for k, v in need.items():
-                fit[k] = fit.get(k, 0.0) - v
+            return who + _closest_node_lacks(placement, need, totals, remaining)
+    return None
+
+
+def _closest_node_lacks(placement: GroupPlacement, need: dict[str, float], totals: list[dict[str, float]],
+                        remaining: list[dict[str, float]]) -> str:  # fmt: skip
+    """The message's end when each needed resource exists somewhere but no one node has all of them."""
+    label = NODE_GROUP_RESOURCE.format(label=placement.node_group) if placement.node_group else None
+    nodes = [j for j, t in enumerate(totals) if label is None or t.get(label, 0.0) > 0] or list(
+        range(len(totals))
+    )
+    best = max(nodes, key=lambda j: sum(_fits(remaining[j], k, v) for k, v in need.items()))
+    lacking = [k for k, v in need.items() if not _fits(remaining[best], k, v)]
+    never = [k for k in lacking if not _fits(totals[best], k, need[k])]
+    where = f"the nodes of node group {placement.node_group!r}" if label else "the closest node"
+    if never:
+        fix = (f"give node group {placement.node_group!r} {never} in the cluster YAML, or place the group on a "
+               "node group that has them" if label else "start a cluster with a node that has all of them")  # fmt: skip
+        return f"no single node has all of it: {where} {'lack' if label else 'lacks'} {never}. Fix: {fix}."
+    return (f"no single node has all of it free: {where} {'have' if label else 'has'} no {lacking} left "
+            "(other runs or groups hold "
+            "it). Stop another run or lower the group's num_workers or num_cpus.")  # fmt: skip
 
 
 class GroupFuture:
