@@ -353,8 +353,8 @@ class FakeBimanualRun(FakeRobotRun):
         for env in st["robot_envs"]:
             modes = self.arm_modes[env["env"]]
             env["mode"] = "human" if "human" in modes.values() else "agent"
-            env["arms"] = [{"path": p, "mode": m, "human_weight": float(m == "human"), "ee": [0.4, 0.0, 0.2]}
-                           for p, m in modes.items()]  # fmt: skip
+            env["arms"] = [{"path": p, "mode": m, "human_weight": float(m == "human"), "ee": [0.4, y, 0.2]}
+                           for (p, m), y in zip(modes.items(), (0.1, -0.1), strict=True)]  # fmt: skip
         return st
 
     def _set(self, env: int, arm: str | None, mode: str) -> None:
@@ -389,6 +389,8 @@ def test_the_arm_selector_takes_over_and_drives_one_arm_of_a_bimanual_robot(reco
     assert panel.arm_select.layout.display is None  # shown: the robot has two arms
     assert [v for _label, v in panel.arm_select.options] == ["", LEFT, RIGHT]
     assert f"{LEFT} <span" in panel.mode.value and f"{RIGHT} <span" in panel.mode.value
+    assert "agent</span> (ee x=+0.400 y=-0.100 z=+0.200)" in panel.mode.value  # each arm's own end effector
+    assert "ee x=+0.420" not in panel.mode.value  # not the env's first-arm summary
 
     page_set(panel.arm_select, index=2)  # the right arm
     page_set(panel.takeover_button, value=True)

@@ -112,18 +112,16 @@ def mode_html(states: list[dict[str, Any]] | None, selected: int) -> str:
         colour = _MODE_COLOURS.get(mode, "#333")
         bits = [f"env {s.get('env')}", f"<b style='color:{colour}'>{html.escape(mode)}</b>"]
         arms = s.get("arms") or []
-        if len(arms) > 1:
-            bits.append(", ".join(f"{html.escape(a['path'])} <span style='color:{_MODE_COLOURS.get(a['mode'], '#333')}'>"
-                                  f"{html.escape(a['mode'])}</span>" for a in arms))  # fmt: skip
+        if len(arms) > 1:  # who drives each arm, and where its end effector is
+            bits.append(", ".join(_arm_html(a) for a in arms))
         if s.get("estopped"):
             why = html.escape(str(s.get("reason") or ""))
             bits.append(
                 f"<b style='color:#d62728'>E-STOPPED</b> ({why})"
                 + (" · waits for Clear" if s.get("waiting") else "")
             )
-        ee = s.get("ee")
-        if ee:
-            bits.append("ee " + " ".join(f"{a}={v:+.3f}" for a, v in zip("xyz", ee, strict=False)))
+        if s.get("ee") and len(arms) <= 1:
+            bits.append(_ee_html(s["ee"]))
         bits.append(f"episode step {s.get('episode_step', '?')}")
         if not s.get("human", True):
             bits.append(
@@ -132,6 +130,17 @@ def mode_html(states: list[dict[str, Any]] | None, selected: int) -> str:
         line = " · ".join(bits)
         lines.append(f"<b>{line}</b>" if s.get("env") == selected else line)
     return "<br>".join(lines)
+
+
+def _ee_html(ee: list[float]) -> str:
+    return "ee " + " ".join(f"{a}={v:+.3f}" for a, v in zip("xyz", ee, strict=False))
+
+
+def _arm_html(arm: dict[str, Any]) -> str:
+    """``left/arm agent (ee x=... y=... z=...)`` for one arm of a multi-arm env."""
+    colour = _MODE_COLOURS.get(arm["mode"], "#333")
+    ee = f" ({_ee_html(arm['ee'])})" if arm.get("ee") else ""
+    return f"{html.escape(arm['path'])} <span style='color:{colour}'>{html.escape(arm['mode'])}</span>{ee}"
 
 
 class InterventionPanel(widgets.VBox):
