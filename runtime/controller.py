@@ -304,7 +304,9 @@ class RunControllerImpl:
                 self.groups["env"].call_one(0, "spaces").get(timeout=300)  # an env that failed says so first
                 raise
         else:
-            self.groups["actor"] = WorkerGroup("actor", LearnerWorker, placements["actor"], learner_args)
+            self.groups["actor"] = WorkerGroup(
+                "actor", LearnerWorker, placements["actor"], learner_args, max_restarts=3
+            )  # a lost learner is restored from a checkpoint
         self.groups["env"].call_one(0, "spaces").get(timeout=300)  # an env that fails to build says so here
         timings["setup_env_s"] = time.perf_counter() - t_setup
         self.env_ranks_of = [[r for r in range(n_env) if r % p.rollout.num_workers == j]
@@ -313,6 +315,18 @@ class RunControllerImpl:
             self.placement_info += g.health(timeout=300)
         self.env_incarnations = [h.get("incarnation") for h in self.placement_info if h.get("group") == "env"]
         timings["setup_workers_s"] = time.perf_counter() - t_setup
+        self._prepare_learner(cfg, env_dict)
+        if self.resume:
+            self._restore()
+        self.sync_weights()
+        timings["setup_s"] = time.perf_counter() - t_setup
+        self.setup_timings = {k: round(v, 3) for k, v in timings.items()}
+
+    def _prepare_learner(self, cfg: RunConfig, env_dict: dict[str, Any]) -> None:
+        """The learner's setup work after it is built: a demo buffer (``algo.demos``), a dataset (``algo.dataset``).
+
+        Run at setup and again for a learner that Ray restarted (:meth:`_recover_lost_learner`).
+        """
         demos = getattr(cfg.algo, "demos", None)
         if demos:  # a resumed run's checkpoint replaces the demo buffer with its own copy
             progress = self._setup_reporter(f"playing demos ({demos})")
@@ -331,11 +345,6 @@ class RunControllerImpl:
                 .get(timeout=1800)[0]
             )
             self.event("dataset", source=dataset, **stats)
-        if self.resume:
-            self._restore()
-        self.sync_weights()
-        timings["setup_s"] = time.perf_counter() - t_setup
-        self.setup_timings = {k: round(v, 3) for k, v in timings.items()}
 
     def _setup_reporter(self, task: str) -> SetupReporter | None:
         """A progress callback for the learner's setup work, reporting to this run's controller actor."""
@@ -383,24 +392,37 @@ class RunControllerImpl:
             self.event("resume", checkpoint=None, note="no complete checkpoint: starting fresh")
             self.metrics_rows = []
             return
-        state = self.run_dir.load_checkpoint(info)
-        self.groups["actor"].call("load_state_dict", state["learner"]).get(timeout=120)
-        self.update_step = state["update_step"]
-        self.env_steps = state["env_steps"]
-        self.episodes = state["episodes"]
-        self.worker_env_steps.update(state.get("worker_env_steps", {}))  # absent before session 17
-        self.worker_episodes.update(state.get("worker_episodes", {}))
-        self.returns_window.extend(state["returns_window"])
-        self.lengths_window.extend(state["lengths_window"])
-        self.success_window.extend(state.get("success_window", []))
-        if state.get("config"):  # the live changes made before the checkpoint, then this launch's overrides
-            self.cfg = build(RunConfig, deep_merge(state["config"], self.resume_overrides))
-        np.random.set_state(state["numpy_rng"])
-        dropped = sum(1 for r in self.metrics_rows if r["step"] > self.update_step)
-        self.metrics_rows = [r for r in self.metrics_rows if r["step"] <= self.update_step]
+        dropped = self._load_checkpoint(info, config=True)
         self.resumed_from = info.step
         self.event("resume", checkpoint=info.path.name, from_step=info.step, discarded_rows=dropped,
                    overrides=self.resume_overrides)  # fmt: skip
+
+    def _load_checkpoint(self, info: Any, config: bool) -> int:
+        """Load checkpoint ``info`` into the learner and roll the run's counters back to it.
+
+        ``config``: also take the checkpoint's config (a resume: the live changes made before the checkpoint,
+        then the launch's overrides); a learner restored in place keeps the live config. Returns how many
+        metrics rows after the checkpoint were dropped (their steps are run again).
+        """
+        state = self.run_dir.load_checkpoint(info)
+        self.groups["actor"].call("load_state_dict", state["learner"]).get(timeout=120)
+        with self.lock:
+            self.update_step = state["update_step"]
+            self.env_steps = state["env_steps"]
+            self.episodes = state["episodes"]
+            for window, key in ((self.returns_window, "returns_window"), (self.lengths_window, "lengths_window"),
+                                (self.success_window, "success_window")):  # fmt: skip
+                window.clear()
+                window.extend(state.get(key, []))
+            # per env worker (checkpoints written before session 17 lack them: they start at 0)
+            self.worker_env_steps = collections.Counter(state.get("worker_env_steps", {}))
+            self.worker_episodes = collections.Counter(state.get("worker_episodes", {}))
+            dropped = sum(1 for r in self.metrics_rows if r["step"] > self.update_step)
+            self.metrics_rows = [r for r in self.metrics_rows if r["step"] <= self.update_step]
+        if config and state.get("config"):
+            self.cfg = build(RunConfig, deep_merge(state["config"], self.resume_overrides))
+        np.random.set_state(state["numpy_rng"])
+        return dropped
 
     # ------------------------------------------------------------------ stage context services
 
@@ -694,15 +716,78 @@ class RunControllerImpl:
             raise RuntimeError(f"{group.name} workers did not come back after a failure: {health}") from exc
         return health
 
+    def _recover_lost_learner(self, exc: BaseException) -> bool:
+        """After the learner worker died: restore it from the newest complete checkpoint and roll the run back.
+
+        Returns False when the learner is not what was lost (the caller re-raises ``exc``). Ray restarts the
+        learner with its initial state; it gets its demos/dataset again, then the checkpoint's state, and the
+        run's counters go back to the checkpoint (like ``resume=True``, with the live config kept). The
+        steps after it run again: their metrics rows are replaced, so ``step`` stays gap-free.
+
+        Raises:
+            RuntimeError: the learner was lost and the run has no complete checkpoint to restore.
+        """
+        group = self.groups.get("actor")
+        if not isinstance(group, WorkerGroup):
+            return False  # a learner in this process dies with the controller: resume=True restores it
+        if isinstance(exc, WorkerLost):
+            lost = exc.group == "actor"
+        else:
+            lost = not all(h["alive"] for h in group.health(timeout=5))
+        if not lost:
+            return False
+        info = self.run_dir.latest_checkpoint()
+        if info is None:
+            raise RuntimeError(
+                "the learner worker was lost and this run has no complete checkpoint to restore it from "
+                f"(checkpoint.every: {self.cfg.checkpoint.every}); launch with checkpoint.every > 0 to recover "
+                "from a lost learner"
+            ) from exc
+        self._wait_until_alive(group, exc)
+        self._drop_segment_in_flight()
+        for ch in self.channels.values():
+            ch.clear()
+        self._prepare_learner(self.cfg, to_dict(self.cfg.env))
+        dropped = self._load_checkpoint(info, config=False)
+        synced = self.sync_weights()
+        if self.colocated:  # a colocated policy loads only newer weights by itself: these are older
+            refs, version = self.latest_weights
+            for offer in [a.offer_weights.remote(refs[0], version) for a in self.groups["env"].actors]:
+                ray.get(offer, timeout=120)
+        detail = exc.detail if isinstance(exc, WorkerLost) else str(exc)
+        self.event("recovery", group="actor", action="restored", checkpoint=info.path.name, from_step=info.step,
+                   discarded_rows=dropped, weights_version=synced["weights_version"],
+                   detail=f"{type(exc).__name__}: {detail[:300]}",
+                   note="the learner worker was lost; Ray restarted it and the run went back to its newest "
+                        "complete checkpoint")  # fmt: skip
+        return True
+
+    def _drop_segment_in_flight(self) -> None:
+        """Wait for an off-policy collection segment still running (its data belongs to the lost steps), drop it."""
+        segment, self._segment = self._segment, None
+        if segment is None:
+            return
+        refs = [r for fut in segment for r in getattr(fut, "refs", [])]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=120)
+
     def learner_update(self, keys: list[str]) -> dict[str, Any]:
         batch = {k: self.ctx.batch[k] for k in keys + ["versions"] if k in self.ctx.batch}
         out = self.groups["actor"].call("update", batch, self.cfg.algo, self.ctx.progress).get()[0]
+        self._check_learner_version(out.get("policy_version"), self.update_step + 1, "update")
         with self.lock:
             self.update_step += 1
         return out
 
+    def _check_learner_version(self, version: int | None, expected: int, call: str) -> None:
+        """A learner whose weights version is not the run's update count lost its state: Ray restarted it."""
+        if version is not None and version != expected:
+            raise WorkerLost("actor", f"its {call} answered with weights version {version}, not {expected}: "
+                                      "Ray restarted it with its initial state")  # fmt: skip
+
     def sync_weights(self) -> dict[str, Any]:
         weights, version = self.groups["actor"].call_one(0, "get_weights").get()[0]
+        self._check_learner_version(version, self.update_step, "get_weights")
         ref = ray.put(weights)
         self.latest_weights = ([ref], version)
         if self.colocated:  # every colocated rollout call carries the latest weights: loaded first
@@ -772,26 +857,15 @@ class RunControllerImpl:
                        paused=self.mode == "pause", **self.setup_timings)  # fmt: skip
             self.run_dir.write_status(self.status())
             while not self._budget_done():
-                self.iter_started = time.perf_counter()
-                iter_steps = self.env_steps
-                update_metrics: dict[str, Any] = {}
-                for i, stage in enumerate(self.stages):
-                    if not self._gate(stage.name):
-                        break
-                    summary = self._run_stage(stage)
-                    if stage.name == "update":
-                        update_metrics = summary
-                    with self.cond:
-                        self.last_stage_summary = {"stage": stage.name, **summary}
-                        self.stages_done += 1
-                        self.current_stage = self.stages[(i + 1) % len(self.stages)].name
-                        if self.mode == "step" and self.step_target == stage.name:
-                            self.step_allowed = False
+                try:
+                    if not self._iteration():
+                        break  # stop requested inside the iteration
+                except RECOVERABLE as exc:
+                    if not self._recover_lost_learner(exc):
+                        raise
+                    with self.cond:  # the iteration starts over from the checkpoint's state
+                        self.current_stage = self.stages[0].name
                         self.cond.notify_all()
-                else:
-                    self._end_iteration(update_metrics, self.env_steps - iter_steps)
-                    continue
-                break  # stop requested inside the iteration
             self.save_checkpoint(reason="end")
             self._close_recordings()  # before the state says finished: a waiting client then reads it all
             self._release_workers()  # likewise: a run launched once this one reads stopped can claim its robots
@@ -813,6 +887,27 @@ class RunControllerImpl:
             self._release_workers()
             self.ended_at = time.time()
             self._write_status_quietly()
+
+    def _iteration(self) -> bool:
+        """One pass over the stages (each behind its gate), then the metrics row; False when a stop came first."""
+        self.iter_started = time.perf_counter()
+        iter_steps = self.env_steps
+        update_metrics: dict[str, Any] = {}
+        for i, stage in enumerate(self.stages):
+            if not self._gate(stage.name):
+                return False
+            summary = self._run_stage(stage)
+            if stage.name == "update":
+                update_metrics = summary
+            with self.cond:
+                self.last_stage_summary = {"stage": stage.name, **summary}
+                self.stages_done += 1
+                self.current_stage = self.stages[(i + 1) % len(self.stages)].name
+                if self.mode == "step" and self.step_target == stage.name:
+                    self.step_allowed = False
+                self.cond.notify_all()
+        self._end_iteration(update_metrics, self.env_steps - iter_steps)
+        return True
 
     def _write_status_quietly(self) -> None:
         try:
@@ -870,6 +965,8 @@ class RunControllerImpl:
         if "actor" not in self.groups:
             return None
         learner_state = self.groups["actor"].call("state_dict").get(timeout=300)[0]
+        # a learner restarted since the last update must not be saved as this step's state
+        self._check_learner_version(learner_state.get("version"), self.update_step, "state_dict")
         state = {
             "learner": learner_state,
             "update_step": self.update_step,

@@ -81,3 +81,46 @@ def test_a_killed_env_worker_mid_async_collection_is_restarted_and_no_transition
         assert df["replay_size"].iloc[-1] == df["env_steps"].iloc[-1]
     finally:
         run.stop(timeout=120)
+
+
+def test_a_killed_learner_is_restored_with_its_replay_buffer_from_the_checkpoint():
+    """SAC's replay lives on the learner. SIGKILL the learner: the run goes back to the newest checkpoint,
+    whose replay buffer comes back with it, and the segment in flight is dropped: the replay then holds
+    exactly the env steps the run counts, and the weights version matches ``step`` again."""
+    import os
+    import signal
+    import time
+
+    run = rl.launch(sac_config(10**7), name=f"saclearnerkill_{uuid.uuid4().hex[:6]}")
+    try:
+        deadline = time.time() + 300
+        while run.status()["update_step"] < 25 and time.time() < deadline:
+            time.sleep(0.2)
+        pid = next(h["pid"] for h in run.health()["groups"]["actor"] if h["alive"])
+        os.kill(pid, signal.SIGKILL)
+        rec = None
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            st = run.status()
+            assert st["state"] not in ("failed", "finished", "stopped"), st["error"]
+            events = run.events()
+            found = (
+                events[(events["kind"] == "recovery") & (events["group"] == "actor")]
+                if "group" in events
+                else []
+            )
+            if len(found) and st["update_step"] >= int(found.iloc[0]["from_step"]) + 5:
+                rec = found.iloc[0]
+                break
+            time.sleep(0.3)
+        assert rec is not None, run.events().tail()
+        run.pause()
+        assert rec["action"] == "restored" and int(rec["from_step"]) >= 20 and int(rec["from_step"]) % 10 == 0
+        df = run.metrics()
+        assert (np.diff(df["step"].to_numpy()) == 1).all()
+        after = df[df["step"] > int(rec["from_step"])]
+        assert (after["policy_version"] == after["step"]).all()
+        assert set(np.diff(df["env_steps"].to_numpy())) == {64}
+        assert df["replay_size"].iloc[-1] == df["env_steps"].iloc[-1]
+    finally:
+        run.stop(timeout=120)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 import time
@@ -101,6 +102,78 @@ def test_killed_env_worker_is_restarted_and_recorded():
     assert "restarted" in recovery.iloc[0]["action"]
     assert_consecutive_steps(run.metrics())
     run.stop()
+
+
+def wait_for_learner_recovery(run, steps_after: int = 4) -> tuple[dict, object]:
+    """Wait until the run restored its learner and ran ``steps_after`` steps past the checkpoint it went back to."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        st = run.status()
+        assert st["state"] not in ("failed", "finished", "stopped"), st["error"]
+        events = run.events()
+        rec = (
+            events[(events["kind"] == "recovery") & (events["group"] == "actor")] if "group" in events else []
+        )
+        if len(rec) and st["update_step"] >= int(rec.iloc[0]["from_step"]) + steps_after:
+            return st, rec.iloc[0]
+        time.sleep(0.3)
+    raise AssertionError(f"no learner recovery within 300 s: {run.status()}")
+
+
+def learner_pid(run) -> int | None:
+    return next((h["pid"] for h in run.health()["groups"]["actor"] if h["alive"]), None)
+
+
+@pytest.mark.parametrize("when", ["running", "paused"])
+def test_killed_learner_worker_is_restored_from_the_last_checkpoint(when):
+    """The learner (its own actor, ``placement.learner: worker``) is SIGKILLed: Ray restarts it, the run loads
+    the newest complete checkpoint into it and goes back to that step. ``running``: a learner call fails.
+    ``paused``: Ray has restarted the learner before the next call, which succeeds on a learner at its
+    initial state; its weights version gives it away. Either way the weights version matches ``step`` on
+    every row afterwards (a learner left at its initial state would count from 1 again) and ``step`` has
+    no gap."""
+    run = rl.launch("ppo_cartpole", name=unique(f"learnerkill_{when}"), budget__total_env_steps=10**7,
+                    budget__stop_metric=None, budget__stop_value=None, checkpoint__every=2,
+                    placement__learner="worker")  # fmt: skip
+    wait_for_step(run, 5)
+    if when == "paused":
+        run.pause()
+        deadline = time.time() + 120
+        while run.status()["state"] != "paused" and time.time() < deadline:
+            time.sleep(0.2)
+    pid = learner_pid(run)
+    os.kill(pid, signal.SIGKILL)
+    if when == "paused":  # Ray restarts it with its initial state; nothing calls it meanwhile
+        deadline = time.time() + 120
+        while learner_pid(run) in (None, pid) and time.time() < deadline:
+            time.sleep(0.5)
+        assert learner_pid(run) not in (None, pid)
+        run.resume()
+    st, rec = wait_for_learner_recovery(run)
+    assert rec["action"] == "restored" and int(rec["from_step"]) >= 4 and int(rec["from_step"]) % 2 == 0
+    assert int(rec["weights_version"]) == int(rec["from_step"])
+    if when == "paused":
+        # update (version 1) or get_weights/state_dict (version 0), whichever stage came next
+        assert re.search(r"answered with weights version [01], not \d+", rec["detail"]), rec["detail"]
+    df = run.metrics()
+    assert_consecutive_steps(df)
+    assert (df["policy_version"] == df["step"]).all(), df[["step", "policy_version"]]
+    # on-policy: every rollout acted with the weights the update started from, the restored ones included
+    assert (df["policy_staleness"] == 0).all(), df[["step", "policy_staleness"]]
+    assert sum(w["env_steps"] for w in st["env_workers"]) == st["env_steps"]
+    run.stop()
+
+
+def test_a_lost_learner_without_a_checkpoint_fails_the_run_with_the_reason():
+    run = rl.launch("ppo_cartpole", name=unique("learnernockpt"), budget__total_env_steps=10**7,
+                    budget__stop_metric=None, budget__stop_value=None, checkpoint__every=0,
+                    placement__learner="worker")  # fmt: skip
+    wait_for_step(run, 2)
+    pid = next(h["pid"] for h in run.health()["groups"]["actor"] if h["alive"])
+    os.kill(pid, signal.SIGKILL)
+    st = run.wait(timeout=300, progress=False)
+    assert st["state"] == "failed"
+    assert "no complete checkpoint to restore it from (checkpoint.every: 0)" in st["error"], st["error"]
 
 
 def test_killed_controller_resumes_from_last_complete_checkpoint():
