@@ -212,8 +212,13 @@ class RunDir:
 
 
 def dedupe_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep the last row written for each step: rows re-run after a resume supersede older ones."""
-    by_step: dict[int, dict[str, Any]] = {}
+    """The metrics log's rows as the run's history: rows are appended in step order, so a row whose step is
+    not past the previous one starts a re-run from a checkpoint (``resume=True``, a restored learner).
+    It replaces the rows of its step and after: those belong to the lost timeline, even the steps the
+    re-run has not reached (yet)."""
+    out: list[dict[str, Any]] = []
     for row in rows:
-        by_step[row["step"]] = row
-    return [by_step[s] for s in sorted(by_step)]
+        while out and out[-1]["step"] >= row["step"]:
+            out.pop()
+        out.append(row)
+    return out

@@ -48,3 +48,12 @@ def test_dedupe_keeps_the_last_row_per_step():
     rows = [{"step": 1, "v": "a"}, {"step": 2, "v": "a"}, {"step": 2, "v": "b"}, {"step": 3, "v": "b"}]
     assert dedupe_steps(rows) == [{"step": 1, "v": "a"}, {"step": 2, "v": "b"}, {"step": 3, "v": "b"}]
     assert json.dumps(dedupe_steps([])) == "[]"
+
+
+def test_a_rerun_from_a_checkpoint_drops_the_lost_timeline_even_past_where_it_got():
+    """Steps 1-5 written, then the run went back to step 2's checkpoint and re-ran step 3 before it was
+    stopped: the old rows 3, 4 and 5 are not the run's history any more."""
+    rows = [{"step": s, "v": "old"} for s in range(1, 6)] + [{"step": 3, "v": "new"}]
+    assert dedupe_steps(rows) == [{"step": 1, "v": "old"}, {"step": 2, "v": "old"}, {"step": 3, "v": "new"}]
+    twice = rows + [{"step": 4, "v": "new"}, {"step": 2, "v": "newer"}]  # a second rollback, further back
+    assert [(r["step"], r["v"]) for r in dedupe_steps(twice)] == [(1, "old"), (2, "newer")]

@@ -220,6 +220,27 @@ def test_event_text_describes_changes():
     )
     assert "lr: 0.001 → 0.0003" in text and "step 3" in text
     assert "advantages ← mc" in event_text({"kind": "override", "stage": "advantages", "fn": "mc"})
+    restored = event_text({"kind": "recovery", "group": "actor", "action": "restored", "from_step": 40})
+    assert "actor: restored" in restored and "back to the checkpoint of step 40" in restored
+
+
+def test_the_feed_starts_over_when_a_learner_is_restored_from_a_checkpoint():
+    """After a rollback the controller's rows can outgrow the feed's cursor before its next poll; the
+    ``restored`` recovery event makes the feed fetch the whole (rewritten) history."""
+    from rlinf_nb.widgets.dashboard import RunFeed
+
+    run = FakeRun(n_rows=6)
+    feed = RunFeed(run)
+    rows, _events, reset = feed.pull()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and not reset
+    del run.rows[4:]  # back to step 4's checkpoint, then steps 5-7 re-run between two polls
+    run.events.append(run._event("recovery", group="actor", action="restored", from_step=4))
+    for _ in range(3):
+        run.add_row()
+    rows, _events, reset = feed.pull()
+    assert reset and [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 7]
+    rows, _events, reset = feed.pull()
+    assert rows == [] and not reset
 
 
 def test_curves_plot_each_row_overlay_runs_and_mark_events():

@@ -83,6 +83,8 @@ def event_text(e: dict[str, Any]) -> str:
         lines.append(f"{e.get('stage', '?')}{fn}")
     elif kind == "recovery":
         lines.append(f"{e.get('group', '?')}: {e.get('action', '')}")
+        if e.get("from_step") is not None:
+            lines.append(f"back to the checkpoint of step {e['from_step']}")
         if e.get("detail"):
             lines.append(str(e["detail"])[:120])
     elif kind == "failed" and e.get("error"):

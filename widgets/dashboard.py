@@ -67,8 +67,11 @@ class RunFeed:
             return rows, events, True
         rows, mcur = self.run.metrics_since(self.metrics_cursor)
         events, ecur = self.run.events_since(self.events_cursor)
-        reset = mcur < self.metrics_cursor or ecur < self.events_cursor
-        if reset:  # a resumed controller: its logs are shorter than what we saw
+        # a resumed controller (its logs are shorter than what we saw), or a learner restored from a
+        # checkpoint in place: the rows after it were dropped, and the re-run may have outgrown our cursor
+        reset = (mcur < self.metrics_cursor or ecur < self.events_cursor
+                 or any(e.get("kind") == "recovery" and e.get("action") == "restored" for e in events))  # fmt: skip
+        if reset:
             rows, mcur = self.run.metrics_since(0)
             events, ecur = self.run.events_since(0)
         self.metrics_cursor, self.events_cursor = mcur, ecur
