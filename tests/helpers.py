@@ -48,3 +48,42 @@ def assert_learners_continue_identically(learner, other, cfg, seed: int) -> None
         assert torch.equal(a, b)
     for k, v in learner.policy_state().items():
         np.testing.assert_array_equal(v, other.policy_state()[k])
+
+
+# ----------------------------------------------------------------------------- fault injection on a live run
+
+
+def sigkill_worker(run, group: str) -> int:
+    """SIGKILL a live worker of ``run``'s worker group ``group`` (``env``, ``rollout``, ``actor``); returns its pid."""
+    import signal
+
+    pid = next(h["pid"] for h in run.health()["groups"][group] if h["alive"])
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def wait_while_running(run, until, timeout: float, what: str, poll: float = 0.3):
+    """Poll ``until(status)`` until it gives something other than None or False (returned), failing at once
+    if the run fails or ends."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = run.status()
+        assert st["state"] not in ("failed", "finished", "stopped"), st["error"]
+        value = until(st)
+        if type(value).__name__ in ("bool", "bool_"):  # numpy's booleans too
+            value = bool(value)
+        if value is not None and value is not False:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"{what} not seen within {timeout:.0f} s: {run.status()}")
+
+
+def learner_recovery(run):
+    """The run's first ``recovery`` event of the learner group (``actor``), or None."""
+    events = run.events()
+    if "group" not in events:
+        return None
+    found = events[(events["kind"] == "recovery") & (events["group"] == "actor")]
+    return found.iloc[0] if len(found) else None

@@ -135,6 +135,24 @@ def serve_lab_in(root: Path, notebook: str, session_home: Path, log: Path):
             proc.kill()
 
 
+def page_on_new_notebook(cells: list[str], notebook: str, session_home: Path, tmp_path_factory, label: str):
+    """Yield a Chromium page on a new ``notebook`` of code ``cells`` in a JupyterLab of its own (skips the
+    test without Chromium or playwright)."""
+    import nbformat
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    pytest.importorskip("playwright.sync_api")
+    root = tmp_path_factory.mktemp(f"{label}lab")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / notebook)
+    OUT.mkdir(exist_ok=True)
+    for base, token in serve_lab_in(root, notebook, session_home, root.parent / f"{label}_lab.log"):
+        yield from open_notebook(base, token, notebook, tmp_path_factory.mktemp(f"chromium_{label}"))
+
+
 def open_notebook(base: str, token: str, notebook: str, profile: Path):
     """Yield a headless Chromium page with ``notebook`` open in JupyterLab and its kernel idle."""
     from playwright.sync_api import sync_playwright

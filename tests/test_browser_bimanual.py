@@ -16,11 +16,10 @@ import re
 import uuid
 from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
 
-from tests.test_browser import _ALL_RAN, CHROMIUM, OUT, _page_problems, _wait, open_notebook, serve_lab_in
+from tests.test_browser import _ALL_RAN, OUT, _page_problems, _wait, page_on_new_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -53,19 +52,9 @@ def run_name() -> str:
 
 @pytest.fixture(scope="module")
 def bimanual_page(cluster, session_home: Path, tmp_path_factory, run_name: str):
-    """A Chromium page on a notebook with a bimanual robot run and its dashboard, in a fresh JupyterLab."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    pytest.importorskip("playwright.sync_api")
-    root = tmp_path_factory.mktemp("bimanuallab")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(LAUNCH.format(name=run_name)),
-                nbformat.v4.new_code_cell("dash = rl.dashboard(run)\ndash")]  # fmt: skip
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, root / NB)
-    OUT.mkdir(exist_ok=True)
-    for base, token in serve_lab_in(root, NB, session_home, root.parent / "bimanual_lab.log"):
-        yield from open_notebook(base, token, NB, tmp_path_factory.mktemp("chromium_bimanual"))
+    """A Chromium page on a notebook with a bimanual robot run and its dashboard, in a JupyterLab of its own."""
+    cells = [LAUNCH.format(name=run_name), "dash = rl.dashboard(run)\ndash"]
+    yield from page_on_new_notebook(cells, NB, session_home, tmp_path_factory, "bimanual")
 
 
 def _arms(run) -> dict[str, str]:

@@ -21,19 +21,16 @@ import time
 import uuid
 from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
 from rlinf_nb.robots.spec import load_spec
 
 from tests.test_browser import (
     _ALL_RAN,
-    CHROMIUM,
     OUT,
     _page_problems,
     _wait,
-    open_notebook,
-    serve_lab_in,
+    page_on_new_notebook,
 )
 
 pytestmark = pytest.mark.browser
@@ -69,25 +66,10 @@ def run_name() -> str:
 
 
 @pytest.fixture(scope="module")
-def robot_lab(cluster, session_home: Path, tmp_path_factory, run_name: str):
-    """JupyterLab on 127.0.0.1 whose root holds a notebook with a robot run and its dashboard."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    pytest.importorskip("playwright.sync_api")
-    root = tmp_path_factory.mktemp("robotlab")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(LAUNCH.format(name=run_name)),
-                nbformat.v4.new_code_cell("dash = rl.dashboard(run, metrics=['intervention_rate'])\ndash")]  # fmt: skip
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, root / NB)
-    yield from serve_lab_in(root, NB, session_home, root.parent / "robot_lab.log")
-
-
-@pytest.fixture(scope="module")
-def robot_page(robot_lab, tmp_path_factory):
-    base, token = robot_lab
-    OUT.mkdir(exist_ok=True)
-    yield from open_notebook(base, token, NB, tmp_path_factory.mktemp("chromium_robot"))
+def robot_page(cluster, session_home: Path, tmp_path_factory, run_name: str):
+    """A Chromium page on a notebook with a robot run and its dashboard, in a JupyterLab of its own."""
+    cells = [LAUNCH.format(name=run_name), "dash = rl.dashboard(run, metrics=['intervention_rate'])\ndash"]
+    yield from page_on_new_notebook(cells, NB, session_home, tmp_path_factory, "robot")
 
 
 def _shot(pg, name: str) -> None:

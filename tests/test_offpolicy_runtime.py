@@ -11,6 +11,7 @@ import pytest
 
 import rlinf_nb as rl
 from rlinf_nb.algorithms.sac import sac_policy_kwargs
+from tests.helpers import learner_recovery, sigkill_worker, wait_while_running
 
 pytestmark = pytest.mark.usefixtures("attached")
 
@@ -47,29 +48,21 @@ def test_sac_runs_async_on_the_cluster_with_replay_and_checkpoints():
     assert "replay" in learner or any("replay" in k for k in learner), list(learner)
 
 
+def wait_for_update(run, step: int) -> None:
+    wait_while_running(run, lambda st: st["update_step"] >= step, 300, f"update {step}", poll=0.2)
+
+
 def test_a_killed_env_worker_mid_async_collection_is_restarted_and_no_transition_is_lost_or_doubled():
     """SAC keeps a segment in flight while it trains; SIGKILL the env worker: Ray restarts it, the run
     records the recovery, repeats the lost segment and goes on. Each collect stage still counts one whole
     segment, and the replay holds exactly the counted transitions (none from the lost segment)."""
-    import os
-    import signal
-    import time
-
     run = rl.launch(sac_config(10**7), name=f"sackill_{uuid.uuid4().hex[:6]}")
     try:
-        deadline = time.time() + 300
-        while run.status()["update_step"] < 20 and time.time() < deadline:
-            time.sleep(0.2)
-        pid = next(h["pid"] for h in run.health()["groups"]["env"] if h["alive"])
-        os.kill(pid, signal.SIGKILL)
+        wait_for_update(run, 20)
+        sigkill_worker(run, "env")
         before = run.status()["update_step"]
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            st = run.status()
-            assert st["state"] not in ("failed", "finished", "stopped"), st["error"]
-            if st["update_step"] >= before + 10 and (run.events()["kind"] == "recovery").any():
-                break
-            time.sleep(0.5)
+        wait_while_running(run, lambda st: st["update_step"] >= before + 10 and (run.events()["kind"] == "recovery").any(),
+                           300, "a recovery and 10 more updates")  # fmt: skip
         run.pause()
         events = run.events()
         recovery = events[events["kind"] == "recovery"]
@@ -87,33 +80,16 @@ def test_a_killed_learner_is_restored_with_its_replay_buffer_from_the_checkpoint
     """SAC's replay lives on the learner. SIGKILL the learner: the run goes back to the newest checkpoint,
     whose replay buffer comes back with it, and the segment in flight is dropped: the replay then holds
     exactly the env steps the run counts, and the weights version matches ``step`` again."""
-    import os
-    import signal
-    import time
-
     run = rl.launch(sac_config(10**7), name=f"saclearnerkill_{uuid.uuid4().hex[:6]}")
     try:
-        deadline = time.time() + 300
-        while run.status()["update_step"] < 25 and time.time() < deadline:
-            time.sleep(0.2)
-        pid = next(h["pid"] for h in run.health()["groups"]["actor"] if h["alive"])
-        os.kill(pid, signal.SIGKILL)
-        rec = None
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            st = run.status()
-            assert st["state"] not in ("failed", "finished", "stopped"), st["error"]
-            events = run.events()
-            found = (
-                events[(events["kind"] == "recovery") & (events["group"] == "actor")]
-                if "group" in events
-                else []
-            )
-            if len(found) and st["update_step"] >= int(found.iloc[0]["from_step"]) + 5:
-                rec = found.iloc[0]
-                break
-            time.sleep(0.3)
-        assert rec is not None, run.events().tail()
+        wait_for_update(run, 25)
+        sigkill_worker(run, "actor")
+
+        def restored_and_past(st):
+            rec = learner_recovery(run)
+            return rec if rec is not None and st["update_step"] >= int(rec["from_step"]) + 5 else None
+
+        rec = wait_while_running(run, restored_and_past, 300, "a learner recovery and 5 more updates")
         run.pause()
         assert rec["action"] == "restored" and int(rec["from_step"]) >= 20 and int(rec["from_step"]) % 10 == 0
         df = run.metrics()

@@ -16,7 +16,7 @@ import torch
 import rlinf_nb as rl
 from rlinf_nb.algorithms import functional as F
 from rlinf_nb.config import ConfigError
-from tests.helpers import run_py
+from tests.helpers import learner_recovery, run_py, sigkill_worker, wait_while_running
 
 pytestmark = pytest.mark.usefixtures("attached")
 
@@ -106,18 +106,16 @@ def test_killed_env_worker_is_restarted_and_recorded():
 
 def wait_for_learner_recovery(run, steps_after: int = 4) -> tuple[dict, object]:
     """Wait until the run restored its learner and ran ``steps_after`` steps past the checkpoint it went back to."""
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        st = run.status()
-        assert st["state"] not in ("failed", "finished", "stopped"), st["error"]
-        events = run.events()
-        rec = (
-            events[(events["kind"] == "recovery") & (events["group"] == "actor")] if "group" in events else []
+
+    def restored_and_past(st):
+        rec = learner_recovery(run)
+        return (
+            (st, rec)
+            if rec is not None and st["update_step"] >= int(rec["from_step"]) + steps_after
+            else None
         )
-        if len(rec) and st["update_step"] >= int(rec.iloc[0]["from_step"]) + steps_after:
-            return st, rec.iloc[0]
-        time.sleep(0.3)
-    raise AssertionError(f"no learner recovery within 300 s: {run.status()}")
+
+    return wait_while_running(run, restored_and_past, 300, "a learner recovery")
 
 
 def learner_pid(run) -> int | None:
@@ -141,8 +139,7 @@ def test_killed_learner_worker_is_restored_from_the_last_checkpoint(when):
         deadline = time.time() + 120
         while run.status()["state"] != "paused" and time.time() < deadline:
             time.sleep(0.2)
-    pid = learner_pid(run)
-    os.kill(pid, signal.SIGKILL)
+    pid = sigkill_worker(run, "actor")
     if when == "paused":  # Ray restarts it with its initial state; nothing calls it meanwhile
         deadline = time.time() + 120
         while learner_pid(run) in (None, pid) and time.time() < deadline:
@@ -169,8 +166,7 @@ def test_a_lost_learner_without_a_checkpoint_fails_the_run_with_the_reason():
                     budget__stop_metric=None, budget__stop_value=None, checkpoint__every=0,
                     placement__learner="worker")  # fmt: skip
     wait_for_step(run, 2)
-    pid = next(h["pid"] for h in run.health()["groups"]["actor"] if h["alive"])
-    os.kill(pid, signal.SIGKILL)
+    sigkill_worker(run, "actor")
     st = run.wait(timeout=300, progress=False)
     assert st["state"] == "failed"
     assert "no complete checkpoint to restore it from (checkpoint.every: 0)" in st["error"], st["error"]
