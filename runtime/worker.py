@@ -192,8 +192,7 @@ def _closest_node_lacks(placement: GroupPlacement, need: dict[str, float], total
                "node group that has them" if label else "start a cluster with a node that has all of them")  # fmt: skip
         return f"no single node has all of it: {where} {'lack' if label else 'lacks'} {never}. Fix: {fix}."
     return (f"no single node has all of it free: {where} {'have' if label else 'has'} no {lacking} left "
-            "(other runs or groups hold "
-            "it). Stop another run or lower the group's num_workers or num_cpus.")  # fmt: skip
+            "(other runs or groups hold it). Stop another run or lower the group's num_workers or num_cpus.")  # fmt: skip
 
 
 class GroupFuture:
