@@ -752,7 +752,7 @@ class RunControllerImpl:
         synced = self.sync_weights()
         if self.colocated:  # a colocated policy loads only newer weights by itself: these are older
             refs, version = self.latest_weights
-            for offer in [a.offer_weights.remote(refs[0], version) for a in self.groups["env"].actors]:
+            for offer in [a.offer_weights.remote(refs[0], version, True) for a in self.groups["env"].actors]:
                 ray.get(offer, timeout=120)
         detail = exc.detail if isinstance(exc, WorkerLost) else str(exc)
         self.event("recovery", group="actor", action="restored", checkpoint=info.path.name, from_step=info.step,

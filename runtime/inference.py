@@ -126,10 +126,13 @@ class PolicyServer:
         self.version = version
         return version
 
-    def offer_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
-        """Park ``weights`` for the next decision (safe from another thread); a newer offer replaces them."""
+    def offer_weights(self, weights: dict[str, np.ndarray], version: int, replace: bool = False) -> int:
+        """Park ``weights`` for the next decision (safe from another thread); a newer offer replaces them.
+
+        ``replace``: park them whatever is parked (a learner restored from a checkpoint goes back to an
+        older version, which must win over the lost timeline's newer one)."""
         with self._lock:
-            if self._parked is None or version >= self._parked[1]:
+            if replace or self._parked is None or version >= self._parked[1]:
                 self._parked = (weights, version)
         return version
 

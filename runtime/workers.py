@@ -190,9 +190,10 @@ class EnvWorker(Worker):
         return self.policy
 
     @ray.method(concurrency_group="weights")
-    def offer_weights(self, weights: dict[str, np.ndarray], version: int) -> int:
-        """Colocated policy: new weights, loaded before its next decision (also while a rollout runs)."""
-        return self._colocated_policy().offer_weights(weights, version)
+    def offer_weights(self, weights: dict[str, np.ndarray], version: int, replace: bool = False) -> int:
+        """Colocated policy: new weights, loaded before its next decision (also while a rollout runs);
+        ``replace``: even when they are older than weights already parked (see ``PolicyServer``)."""
+        return self._colocated_policy().offer_weights(weights, version, replace)
 
     def rollout_colocated(self, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
                           transitions: bool = False, chunk: int = 1,

@@ -80,6 +80,10 @@ def test_offered_weights_load_before_the_next_decision_and_the_newest_wins():
     assert (after["version"] == 7).all()
     loaded = server.policy.state_dict()
     assert all(np.allclose(loaded[k].numpy(), 0.5) for k in weights)
+    server.offer_weights(weights, 9)
+    server.offer_weights(older, 3, replace=True)  # a learner restored from a checkpoint: older, but it wins
+    assert server.newest_version == 7 and server.answer([_msg(obs)])[0]["version"][0] == 3
+    assert all(np.allclose(server.policy.state_dict()[k].numpy(), 0.0) for k in older)
 
 
 def test_weights_offered_from_another_thread_while_answering():

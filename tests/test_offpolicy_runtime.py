@@ -76,11 +76,14 @@ def test_a_killed_env_worker_mid_async_collection_is_restarted_and_no_transition
         run.stop(timeout=120)
 
 
-def test_a_killed_learner_is_restored_with_its_replay_buffer_from_the_checkpoint():
+@pytest.mark.parametrize("mode", ["direct", "colocated"])
+def test_a_killed_learner_is_restored_with_its_replay_buffer_from_the_checkpoint(mode):
     """SAC's replay lives on the learner. SIGKILL the learner: the run goes back to the newest checkpoint,
     whose replay buffer comes back with it, and the segment in flight is dropped: the replay then holds
-    exactly the env steps the run counts, and the weights version matches ``step`` again."""
-    run = rl.launch(sac_config(10**7), name=f"saclearnerkill_{uuid.uuid4().hex[:6]}")
+    exactly the env steps the run counts, the weights version matches ``step`` again, and the envs act
+    with the restored weights, not the lost newer ones (staleness never negative)."""
+    config = {**sac_config(10**7), "placement": {"env_to_rollout": mode}}
+    run = rl.launch(config, name=f"saclearnerkill_{mode}_{uuid.uuid4().hex[:6]}")
     try:
         wait_for_update(run, 25)
         sigkill_worker(run, "actor")
@@ -96,6 +99,7 @@ def test_a_killed_learner_is_restored_with_its_replay_buffer_from_the_checkpoint
         assert (np.diff(df["step"].to_numpy()) == 1).all()
         after = df[df["step"] > int(rec["from_step"])]
         assert (after["policy_version"] == after["step"]).all()
+        assert (after["policy_staleness"] >= 0).all(), after[["step", "policy_staleness"]]
         assert set(np.diff(df["env_steps"].to_numpy())) == {64}
         assert df["replay_size"].iloc[-1] == df["env_steps"].iloc[-1]
     finally:
