@@ -85,13 +85,23 @@ class RobotControl:
             human = env.intervention if isinstance(env.intervention, HumanInTheLoop) else None
             mode, weight = human.mode() if human is not None else ("agent", 0.0)
             arm_modes = human.arm_modes() if human is not None else {}
-            arms = [{"path": path, "mode": arm_modes.get(path, ("agent", 0.0))[0],
-                     "human_weight": float(arm_modes.get(path, ("agent", 0.0))[1]), "ee": _ee(arm)}
-                    for path, arm in env.arms.items()]  # fmt: skip
+            arms, ee = (
+                [],
+                None,
+            )  # each arm's end effector is read once (a real arm's read is a bus round trip)
+            for path, arm in env.arms.items():
+                arm_mode, arm_weight = arm_modes.get(path, ("agent", 0.0))
+                arms.append(
+                    {"path": path, "mode": arm_mode, "human_weight": float(arm_weight), "ee": _ee(arm)}
+                )
+                if arm is env.arm:
+                    ee = arms[-1]["ee"]
+            if not any(arm is env.arm for arm in env.arms.values()):
+                ee = _ee(env.arm)
             latch = env.robot.estop_latch
             out.append({"mode": mode, "human": human is not None, "human_weight": float(weight),
                         "estopped": bool(latch.engaged), "reason": latch.reason, "waiting": i in self.waiting,
-                        "ee": _ee(env.arm), "episode_step": int(env.episode_step), "arms": arms})  # fmt: skip
+                        "ee": ee, "episode_step": int(env.episode_step), "arms": arms})  # fmt: skip
         return out
 
     def _waiter(self, index: int) -> Any:
