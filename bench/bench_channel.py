@@ -1,9 +1,13 @@
 """Channel throughput vs raw ray.put/ray.get between the same two actors (target ratio >= 0.9).
 
-Run: ``.venv/bin/python bench/bench_channel.py`` (attaches to, or starts, the local cluster).
-Prints MB/s for 1 MB and 10 MB numpy payloads, both ways, the ratio channel / raw, and the channel's
-actor calls per item (puts and gets: a busy producer's puts share calls, a get takes what is queued).
-The raw path keeps at most 4 transfers in flight; the channel holds at most 4 items (``maxsize=4``).
+Run: ``.venv/bin/python bench/bench_channel.py`` (or ``make bench``, with the others) (attaches to, or starts, the
+local cluster). Prints MB/s for 1 MB and 10 MB numpy payloads three ways, each as a ratio to raw:
+- raw: the producer ``ray.put``s each item and hands its ref to the consumer in an actor call;
+- channel: the default, brokered channel (every item's ref passes the channel actor);
+- lanes: a channel made with ``lanes=True``: after a warm-up item opens the key's shared-memory lane, items
+  go producer -> consumer through shared buffers with no actor call (``rlinf_nb.runtime.lanes``).
+and each channel's actor calls per item (puts and gets: a busy producer's puts share calls, a get takes what
+is queued). The raw path keeps at most 4 transfers in flight; the channels hold at most 4 items (``maxsize=4``).
 """
 
 from __future__ import annotations
@@ -62,22 +66,36 @@ class Consumer:
         return time.perf_counter() - t0
 
 
-def measure(nbytes: int, n: int, repeats: int) -> tuple[float, float, float]:
+def _through(prod, cons, ch: Channel, n: int) -> float:
+    t0 = time.perf_counter()
+    ray.get([prod.via_channel.remote(ch, n), cons.drain.remote(ch, n)])
+    return time.perf_counter() - t0
+
+
+def measure(nbytes: int, n: int, repeats: int) -> dict[str, float]:
+    """MB/s of raw, channel and lanes (best of ``repeats``, interleaved) and each channel's calls per item."""
     prod, cons = Producer.remote(nbytes), Consumer.remote()
-    ch = Channel.create("bench/ch", maxsize=4)
-    raw_best = chan_best = float("inf")
+    channels = {
+        "channel": Channel.create("bench/ch", maxsize=4),
+        "lanes": Channel.create("bench/lanes", maxsize=4, lanes=True),
+    }
+    for ch in channels.values():  # warm-up: both ends use the key (which opens the lane)
+        for _ in range(3):
+            _through(prod, cons, ch, 4)
+    best = dict.fromkeys(["raw", *channels], float("inf"))
     for _ in range(repeats):
-        raw_best = min(raw_best, ray.get(prod.raw.remote(cons, n)))
-        t0 = time.perf_counter()
-        ray.get([prod.via_channel.remote(ch, n), cons.drain.remote(ch, n)])
-        chan_best = min(chan_best, time.perf_counter() - t0)
-    m = ch.metrics()
-    calls_per_item = (m["put_calls"] + m["get_calls"]) / m["puts"]
-    ch.kill()
+        best["raw"] = min(best["raw"], ray.get(prod.raw.remote(cons, n)))
+        for label, ch in channels.items():
+            best[label] = min(best[label], _through(prod, cons, ch, n))
+    mb = nbytes * n / 1e6
+    out = {label: mb / t for label, t in best.items()}
+    for label, ch in channels.items():
+        m = ch.metrics()
+        out[f"{label}_calls"] = (m["put_calls"] + m["get_calls"]) / m["puts"]
+        ch.kill()
     for a in (prod, cons):
         ray.kill(a)
-    mb = nbytes * n / 1e6
-    return mb / raw_best, mb / chan_best, calls_per_item
+    return out
 
 
 def main() -> None:
@@ -86,11 +104,15 @@ def main() -> None:
     args = parser.parse_args()
     rl.attach(quiet=True)
     print(
-        f"{'payload':>8} {'raw MB/s':>10} {'channel MB/s':>13} {'ratio':>6} {'calls/item':>11}  (target >= 0.9)"
+        f"{'payload':>8} {'raw MB/s':>9} {'channel MB/s':>13} {'ratio':>6} {'calls/item':>10} "
+        f"{'lanes MB/s':>11} {'ratio':>6} {'calls/item':>10}  (target ratio >= 0.9)"
     )
     for nbytes, n in ((1 << 20, 200), (10 << 20, 40)):
-        raw, chan, calls = measure(nbytes, n, args.repeats)
-        print(f"{nbytes >> 20:>6}MB {raw:>10.0f} {chan:>13.0f} {chan / raw:>6.2f} {calls:>11.2f}")
+        r = measure(nbytes, n, args.repeats)
+        print(
+            f"{nbytes >> 20:>6}MB {r['raw']:>9.0f} {r['channel']:>13.0f} {r['channel'] / r['raw']:>6.2f} "
+            f"{r['channel_calls']:>10.2f} {r['lanes']:>11.0f} {r['lanes'] / r['raw']:>6.2f} {r['lanes_calls']:>10.2f}"
+        )
 
 
 if __name__ == "__main__":

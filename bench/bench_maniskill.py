@@ -12,7 +12,8 @@ env worker, random actions:
    the same MLP policy (``policy.act``) in-process each step, the floor of any rollout with a policy;
 3. **cluster rollout** -- a PPO run (``epochs=1``, so updates are short) with
    ``env_workers=--workers`` and ``num_envs=1``, once per ``placement.env_to_rollout`` mode
-   (``direct``: a rollout worker answers each step; ``colocated``: the env worker runs the policy); rollout env-steps/s per iteration is
+   (``direct``: a rollout worker answers each step in an actor call; ``channel``: the same through the
+   obs/actions channels, on shared-memory lanes; ``colocated``: the env worker runs the policy); rollout env-steps/s per iteration is
    ``rollout_steps * workers / time/rollout`` (the rollout stage only: env steps plus the
    channel round trips to the rollout worker's policy), median over iterations after the
    first. The plain loop is measured before and after, and the ratio uses their mean.
@@ -124,8 +125,8 @@ def make_env_loop(obs_mode: str, seconds: float) -> tuple[float, float]:
 def cluster_rollout(workers: int, rollout_steps: int, iterations: int, mode: str) -> dict[str, float]:
     """Rollout env-steps/s of a PPO run on the cluster (median over iterations after the first).
 
-    ``mode`` is ``placement.env_to_rollout``: ``direct`` (a rollout worker answers each step) or
-    ``colocated`` (each env worker runs its own copy of the policy).
+    ``mode`` is ``placement.env_to_rollout``: ``direct`` (a rollout worker answers each step), ``channel``
+    (the same over the obs/actions channels' lanes) or ``colocated`` (each env worker runs its own policy copy).
     """
     import rlinf_nb as rl
 
@@ -180,7 +181,7 @@ def main() -> None:
     rows.append(("plain loop + MLP policy.act, 1 env", with_policy, None))
     cluster: dict[str, dict[str, float]] = {}
     if not args.skip_cluster:
-        for mode in ("direct", "colocated"):
+        for mode in ("direct", "channel", "colocated"):
             cluster[mode] = cluster_rollout(args.workers, args.rollout_steps, args.iterations, mode)
         make_s, after = plain_loop("state", args.seconds, args.workers)
         rows.append((f"plain env.step loop again, {args.workers} proc", after, make_s))

@@ -256,12 +256,12 @@ class RunControllerImpl:
         waiters = max(MAX_WAITERS, p.env.num_workers + p.rollout.num_workers + 4)
         per_step = ("obs", "actions") if p.env_to_rollout == "channel" else ()
         channels = {
-            name: Channel.create(f"{self.name}/{name}", 2, link=links.channel_link(name), max_waiters=waiters)
-            for name in per_step
-        }
-        channels["trajectories"] = Channel.create(
-            f"{self.name}/trajectories", 2, link=links.channel_link("trajectories"), max_waiters=waiters
-        )
+            name: Channel.create(
+                f"{self.name}/{name}", 2, link=links.channel_link(name), max_waiters=waiters,
+                lanes=p.lanes and links.channel_link(name) is None,
+            )
+            for name in (*per_step, "trajectories")
+        }  # fmt: skip
         if render_every:
             channels["frames"] = Channel.create(
                 f"{self.name}/frames", 1, drop_oldest=True, max_waiters=waiters
@@ -732,8 +732,11 @@ class RunControllerImpl:
             return False  # a learner in this process dies with the controller: resume=True restores it
         if isinstance(exc, WorkerLost):
             lost = exc.group == "actor"
-        else:
-            lost = not all(h["alive"] for h in group.health(timeout=5))
+        else:  # a call to the learner failed (it may be back already, restarted), or it does not answer
+            learner_ids = {a._actor_id.hex() for a in group.actors}
+            lost = getattr(exc, "actor_id", None) in learner_ids or not all(
+                h["alive"] for h in group.health(timeout=5)
+            )
         if not lost:
             return False
         info = self.run_dir.latest_checkpoint()
