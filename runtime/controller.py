@@ -859,17 +859,19 @@ class RunControllerImpl:
             self.event("start", resumed_from=self.resumed_from, algorithm=self.cfg.algorithm,
                        paused=self.mode == "pause", **self.setup_timings)  # fmt: skip
             self.run_dir.write_status(self.status())
-            while not self._budget_done():
+            while True:
                 try:
-                    if not self._iteration():
-                        break  # stop requested inside the iteration
-                except RECOVERABLE as exc:
+                    while not self._budget_done():
+                        if not self._iteration():
+                            break  # stop requested inside the iteration
+                    self.save_checkpoint(reason="end")
+                    break
+                except RECOVERABLE as exc:  # a lost learner, during an iteration or the end checkpoint
                     if not self._recover_lost_learner(exc):
                         raise
                     with self.cond:  # the iteration starts over from the checkpoint's state
                         self.current_stage = self.stages[0].name
                         self.cond.notify_all()
-            self.save_checkpoint(reason="end")
             self._close_recordings()  # before the state says finished: a waiting client then reads it all
             self._release_workers()  # likewise: a run launched once this one reads stopped can claim its robots
             with self.cond:

@@ -161,6 +161,33 @@ def test_killed_learner_worker_is_restored_from_the_last_checkpoint(when):
     run.stop()
 
 
+def test_a_learner_lost_before_the_end_checkpoint_is_restored_and_the_run_stops_cleanly():
+    """Paused, the learner is SIGKILLed and restarted by Ray; ``stop()`` then goes straight to the end
+    checkpoint, whose ``state_dict`` finds the learner at its initial state. The run restores it from the
+    newest checkpoint and writes the end checkpoint from that state, instead of failing."""
+    run = rl.launch("ppo_cartpole", name=unique("learnerend"), budget__total_env_steps=10**7,
+                    budget__stop_metric=None, budget__stop_value=None, checkpoint__every=2,
+                    placement__learner="worker")  # fmt: skip
+    wait_for_step(run, 3)
+    run.pause()
+    deadline = time.time() + 120
+    while run.status()["state"] != "paused" and time.time() < deadline:
+        time.sleep(0.2)
+    pid = sigkill_worker(run, "actor")
+    while learner_pid(run) in (None, pid) and time.time() < deadline:
+        time.sleep(0.5)
+    st = run.stop(timeout=300)
+    assert st["state"] == "stopped", st.get("error")
+    rec = learner_recovery(run)
+    assert rec is not None and rec["action"] == "restored", run.events().tail()
+    assert "state_dict answered with weights version 0" in rec["detail"], rec["detail"]
+    events = run.events()
+    end = events[(events["kind"] == "checkpoint") & (events["reason"] == "end")]
+    # written once, from the restored state: the checkpoint's step, not the one the learner was lost at
+    assert end["path"].tolist() == [f"ckpt-{int(rec['from_step']):08d}"], events.tail()
+    assert_consecutive_steps(run.metrics())
+
+
 def test_a_lost_learner_without_a_checkpoint_fails_the_run_with_the_reason():
     run = rl.launch("ppo_cartpole", name=unique("learnernockpt"), budget__total_env_steps=10**7,
                     budget__stop_metric=None, budget__stop_value=None, checkpoint__every=0,
