@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,11 @@ class DelayDistribution:
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` delays in ms (float64, all >= 0) drawn from ``rng`` (call :meth:`validate` first)."""
         return np.asarray(_KINDS[self.kind].sample(self, rng, n), dtype=np.float64)
+
+    def scalar_params(self) -> tuple[str, ...]:
+        """The numeric parameters this kind uses (a live link may change them; its kind stays)."""
+        spec = _KINDS[self.kind]
+        return tuple(f for f in spec.fields + spec.optional if f not in ("edges_ms", "weights"))
 
     @property
     def is_zero(self) -> bool:
@@ -317,6 +322,10 @@ class LinkClock:
         self._rng = np.random.default_rng(self.link.seed)
         self.busy_until = -math.inf
         self.last_delivery = -math.inf
+
+    def retune(self, link: ChannelLink | Mapping[str, Any]) -> None:
+        """New latency and bandwidth from now on; the draws and the queue carry on (the seed is kept)."""
+        self.link = replace(ChannelLink.of(link), seed=self.link.seed)
 
     def deliver(self, put_s: float, nbytes: int) -> float:
         """The delivery time (same clock as ``put_s``) of one message put now."""

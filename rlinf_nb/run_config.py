@@ -10,6 +10,7 @@ algorithm's own config class (see :mod:`rlinf_nb.algorithms.registry`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,10 +301,15 @@ class RunConfig:
 ALIASES = {"num_envs": "env.num_envs", "env_workers": "placement.env.num_workers", "env_id": "env.id"}
 
 
-def live_params(cfg: RunConfig) -> dict[str, dataclasses.Field]:
-    """Fields that may change mid-run, by dotted path (``algo.lr``, ...)."""
+def live_params(cfg: RunConfig, link_streams: Sequence[str] = ()) -> dict[str, dataclasses.Field]:
+    """Fields that may change mid-run, by dotted path (``algo.lr``, ...).
+
+    ``link_streams``: the ``placement.links`` streams linked at launch; their latency and bandwidth are live
+    (``placement.links.obs.latency.ms``, ...).
+    """
     out = live_fields(RunConfig)
     out.update(live_fields(type(cfg.algo), "algo"))
+    out.update(cfg.placement.links.live_fields(link_streams))
     return out
 
 

@@ -357,6 +357,13 @@ class ChannelActor:
             return ok
 
     @ray.method(concurrency_group="control")
+    def set_link(self, link: Any) -> None:
+        """The link's new latency and bandwidth (a live change), from the next put on; its draws carry on."""
+        with self.cond:
+            self.link.retune(link)
+            self.cond.notify_all()
+
+    @ray.method(concurrency_group="control")
     def lane_report(self, key: Any, role: str, items: int, nbytes: int) -> None:
         """A lane end's counts since its last report (``role``: put or get)."""
         with self.cond:
@@ -854,6 +861,10 @@ class Channel:
 
     def metrics_async(self) -> ray.ObjectRef:
         return self._actor.metrics.remote()
+
+    def set_link(self, link: Any) -> None:
+        """Retune the link of a channel created with one (see :meth:`ChannelActor.set_link`)."""
+        ray.get(self._actor.set_link.remote(link))
 
     def kill(self) -> None:
         ray.kill(self._actor)

@@ -142,6 +142,8 @@ class RunControllerImpl:
         if algorithm is not None:  # shipped by the client (cloudpickled): may be defined in a notebook cell
             install_algorithm(cloudpickle.loads(algorithm))
         self.cfg: RunConfig = build(RunConfig, config)
+        # the placement.links streams linked at launch: their latency and bandwidth are live hparams
+        self.link_streams = tuple(self.cfg.placement.links.active())
         # setup_*_s of the start event: seconds from this __init__ (the env workers' start comes first)
         self.setup_timings: dict[str, float] = {
             "setup_env_requested_s": env_requested - self.created_at,
@@ -480,9 +482,8 @@ class RunControllerImpl:
         if self.cfg.placement.env_to_rollout == "direct":
             policies = self.groups["rollout"].actors
             n_roll = len(policies)
-            direct = {
-                k: to_dict(v) for k, v in self.cfg.placement.links.active().items() if k != "trajectories"
-            }
+            links = self.cfg.placement.links  # the launch's linked streams, as retuned since (maybe zeroed)
+            direct = {k: to_dict(getattr(links, k)) for k in self.link_streams if k != "trajectories"}
             env_fut = self.groups["env"].call(
                 "rollout_direct", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
                 rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
@@ -571,7 +572,7 @@ class RunControllerImpl:
         self._note_env_restarts([r.get("incarnation") for r in env_results])
         n_env = len(self.groups["env"])
         trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=60, as_torch=False)
-        if self.cfg.placement.links.active():
+        if self.link_streams:
             self._measure_links(env_results)
         batch = {  # [T, N] along the envs of all workers; dict obs concatenate leaf by leaf
             k: tree.concatenate([t["batch"][k] for t in trajs], axis=1)
@@ -607,7 +608,7 @@ class RunControllerImpl:
         delays = LinkDelays()
         for r in env_results:
             delays.merge(r.get("link_delays") or {})
-        for name in self.cfg.placement.links.active():
+        for name in self.link_streams:
             if name not in self.channels:  # direct path: its delays come with the env workers' results
                 continue
             m = self.channels[name].metrics()
@@ -844,6 +845,9 @@ class RunControllerImpl:
         for key, value in changes.items():
             _set_path(merged, key, value)
         self.cfg = build(RunConfig, merged)
+        for name in self.link_streams:  # a retuned link of a channel: its actor applies it from now on
+            if name in self.channels and any(k.startswith(f"placement.links.{name}.") for k in changes):
+                self.channels[name].set_link(self.cfg.placement.links.stream_link(name))
         self.event("hparams", changes={k: {"old": old[k], "new": v} for k, v in changes.items()})
 
     def _run_stage(self, stage: Stage) -> dict[str, Any]:
@@ -957,7 +961,7 @@ class RunControllerImpl:
             row[key] = value
         for name, secs in self.stage_times.items():
             row[f"time/{name}"] = secs
-        for key in live_params(self.cfg):
+        for key in live_params(self.cfg, self.link_streams):
             row[f"hp/{key}"] = _get_path(self.cfg, key)
         with self.lock:
             self.metrics_rows.append(row)
@@ -1058,7 +1062,7 @@ class RunControllerImpl:
             return dict(self.last_stage_summary)
 
     def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:
-        live = live_params(self.cfg)
+        live = live_params(self.cfg, self.link_streams)
         resolved = {}
         for key, value in changes.items():
             path = resolve_key(self.cfg, key)
@@ -1337,7 +1341,7 @@ class RunController:
     @_touches
     async def live_params(self) -> dict[str, dict[str, Any]]:
         out = {}
-        for path, field in live_params(self.impl.cfg).items():
+        for path, field in live_params(self.impl.cfg, self.impl.link_streams).items():
             out[path] = {"value": _get_path(self.impl.cfg, path), "doc": field.metadata.get("doc", ""),
                          "range": field.metadata.get("range"), "choices": field.metadata.get("choices")}  # fmt: skip
         return out

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rlinf_nb.config import build, param, to_dict
-from rlinf_nb.link import ChannelLink, LinkClock, stream_seed
+from rlinf_nb.link import ChannelLink, DelayDistribution, LinkClock, stream_seed
 
 __all__ = ["LINK_NAMES", "DirectLink", "LinkDelays", "RunLinks", "link_enabled"]
 
@@ -65,8 +65,28 @@ class RunLinks:
     def channel_link(self, name: str) -> ChannelLink | None:
         """The link of channel ``name`` with its stream's own seed (None when it is off, so the channel
         runs without one)."""
-        link = self.active().get(name)
-        return None if link is None else dataclasses.replace(link, seed=stream_seed(link.seed, name))
+        return self.stream_link(name) if name in self.active() else None
+
+    def stream_link(self, name: str) -> ChannelLink:
+        """Stream ``name``'s link with its own seed, on or off (a live change may have zeroed it)."""
+        link = getattr(self, name)
+        return dataclasses.replace(link, seed=stream_seed(link.seed, name))
+
+    def live_fields(self, streams: Sequence[str]) -> dict[str, dataclasses.Field]:
+        """The fields of ``streams``' links that may change mid-run, by dotted path under ``placement.links``.
+
+        A link's latency parameters (those its kind uses) and its bandwidth; its kind and seed stay. Only
+        the streams linked at launch: a stream without a link may have skipped its channel actor (lanes).
+        """
+        delay_fields = {f.name: f for f in dataclasses.fields(DelayDistribution)}
+        link_fields = {f.name: f for f in dataclasses.fields(ChannelLink)}
+        out = {}
+        for name in streams:
+            link = getattr(self, name)
+            for param_name in link.latency.scalar_params():
+                out[f"placement.links.{name}.latency.{param_name}"] = delay_fields[param_name]
+            out[f"placement.links.{name}.bandwidth_bytes_s"] = link_fields["bandwidth_bytes_s"]
+        return out
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """The active links as plain dicts (for the run's events and status)."""
@@ -119,6 +139,13 @@ class DirectLink:
 
         self.obs, self.actions = clock("obs"), clock("actions")
         self.delays = LinkDelays()
+
+    def retune(self, links: Mapping[str, Any]) -> None:
+        """The streams' latency and bandwidth as ``links`` says now (a live change); draws carry on."""
+        for name in ("obs", "actions"):
+            clock = getattr(self, name)
+            if clock is not None and name in links:
+                clock.retune(build(ChannelLink, links[name], path=f"placement.links.{name}"))
 
     def call(self, fn: Callable[[Any], Any], msg: Any) -> Any:
         """``fn(msg)`` with the request delivered over ``obs`` and the reply over ``actions``."""

@@ -177,6 +177,8 @@ class EnvWorker(Worker):
             from .links import DirectLink
 
             self.direct_link = DirectLink(links, self.rank)
+        else:  # placement.links is live: the latest latency and bandwidth
+            self.direct_link.retune(links)
         link = self.direct_link
         out = self._rollout(num_steps, lambda msg: link.call(ask, msg), traj_ch, frames_ch, transitions,
                             chunk=chunk, acting=acting)  # fmt: skip

@@ -178,3 +178,96 @@ def test_links_delay_both_rollout_paths_and_never_change_the_data():
         assert ev["env_to_rollout"] == mode and ev["trajectories"]["latency"]["ms"] == 200.0
         for key in ("obs", "actions", "logprobs", "values", "rewards", "dones"):  # links only delay
             np.testing.assert_array_equal(batch[key], plain[key], err_msg=f"{mode}: {key}")
+
+
+# ----------------------------------------------------------------------------- live links
+
+
+def test_a_linked_streams_latency_and_bandwidth_are_live_params():
+    from rlinf_nb.client import resolve_config
+    from rlinf_nb.run_config import live_params
+
+    cfg = resolve_config("ppo_cartpole", placement__env_to_rollout="direct",
+                         placement__links={"obs": {"latency": {"kind": "exponential", "mean_ms": 20}},
+                                           "trajectories": {"latency": {"kind": "constant", "ms": 100}}})  # fmt: skip
+    live = live_params(cfg, ("obs", "trajectories"))
+    links = sorted(k for k in live if k.startswith("placement.links."))
+    assert (
+        links
+        == [
+            "placement.links.obs.bandwidth_bytes_s",
+            "placement.links.obs.latency.mean_ms",
+            "placement.links.obs.latency.offset_ms",
+            "placement.links.trajectories.bandwidth_bytes_s",
+            "placement.links.trajectories.latency.ms",
+        ]
+    )  # the kinds' parameters (optional ones too); no kind, no seed, and nothing of the unlinked actions stream
+    assert live["placement.links.obs.latency.mean_ms"].metadata["range"] == (0, None)
+    assert not [k for k in live_params(cfg) if k.startswith("placement.links.")]  # no stream linked at launch
+
+
+def test_a_retuned_clock_keeps_its_draws_and_queue():
+    from rlinf_nb.link import LinkClock
+
+    link = {"latency": {"kind": "uniform", "low_ms": 10, "high_ms": 20}, "seed": 3}
+    a, b = LinkClock(link), LinkClock(link)
+    # messages 10 s apart: each one's delivery is its put time plus its own latency
+    assert [a.deliver(10.0 * i, 0) for i in range(3)] == [b.deliver(10.0 * i, 0) for i in range(3)]
+    a.retune({"latency": {"kind": "uniform", "low_ms": 110, "high_ms": 120}, "seed": 99})
+    # the same draw (the seed is kept), on the new range: 100 ms later
+    assert a.deliver(30.0, 0) == pytest.approx(b.deliver(30.0, 0) + 0.1)
+    assert a.link.seed == 3
+    a.retune({"latency": {"kind": "constant", "ms": 0}, "bandwidth_bytes_s": 1000.0})
+    assert a.deliver(40.0, 500) == pytest.approx(40.5)  # the new bandwidth: 500 bytes take 0.5 s
+    assert a.deliver(40.0, 500) == pytest.approx(41.0)  # and queue behind each other
+
+
+@pytest.mark.usefixtures("attached")
+@pytest.mark.parametrize("mode", ["direct", "channel"])
+def test_a_live_link_change_reaches_the_next_segments(mode):
+    """A run with 10 ms links; ``set_hparams`` raises the obs latency to 40 ms and the trajectories one to
+    300 ms: the rows after the change measure the new delays (direct: the env workers' own link; channel:
+    the obs and trajectories channel actors), the rows before it the old ones."""
+    import time
+
+    import rlinf_nb as rl
+
+    links = {"obs": {"latency": {"kind": "constant", "ms": 10}}, "actions": {"latency": {"kind": "constant", "ms": 10}},
+             "trajectories": {"latency": {"kind": "constant", "ms": 10}}}  # fmt: skip
+    run = rl.launch({
+        "algorithm": "ppo", "seed": 0, "env": {"id": "CartPole-v1", "num_envs": 2},
+        "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [16]}},
+        "algo": {"rollout_steps": T, "epochs": 1, "minibatch_size": 16},
+        "placement": {"env_to_rollout": mode, "links": links},
+        "budget": {"total_env_steps": 10**7, "stop_metric": None, "stop_value": None}, "checkpoint": {"every": 0},
+    }, name=f"livelink_{mode}_{uuid.uuid4().hex[:6]}")  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while len(run.metrics()) < 2 and time.time() < deadline:  # two rows with the launch's links
+            time.sleep(0.3)
+        assert "placement.links.obs.latency.ms" in run.hparams
+        with pytest.raises(ConfigError, match="not a live hyperparameter"):
+            run.set_hparams(**{"placement.links.obs.latency.kind": "uniform"})
+        run.set_hparams(
+            **{"placement.links.obs.latency.ms": 40.0, "placement.links.trajectories.latency.ms": 300.0}
+        )
+        changed_at = None  # the update step when the change was applied (at a stage boundary of the next)
+        while time.time() < deadline:
+            events = run.events()
+            applied = events[events["kind"] == "hparams"]
+            if len(applied):
+                changed_at = int(applied.iloc[0]["step"])
+                if run.metrics()["step"].max() >= changed_at + 3:
+                    break
+            time.sleep(0.3)
+        assert changed_at is not None, "the change was never applied"
+    finally:
+        run.stop()
+    df = run.metrics()
+    before, after = df[df["step"] <= changed_at], df[df["step"] >= changed_at + 2]
+    assert len(before) >= 2 and len(after) >= 2
+    assert np.allclose(before["link_delay_ms/obs"], 10.0, atol=1e-3)
+    assert np.allclose(after["link_delay_ms/obs"], 40.0, atol=1e-3), after["link_delay_ms/obs"]
+    assert np.allclose(after["link_delay_ms/trajectories"], 300.0, atol=1e-3)
+    assert np.allclose(after["link_delay_ms/actions"], 10.0, atol=1e-3)
+    assert (after["hp/placement.links.obs.latency.ms"] == 40.0).all()

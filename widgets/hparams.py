@@ -24,7 +24,10 @@ _DESC = {"description_width": "110px"}
 def make_input(path: str, spec: dict[str, Any]) -> widgets.ValueWidget:
     """The input widget for one live field, from its ``{value, doc, range, choices}``."""
     value, rng, choices = spec.get("value"), spec.get("range"), spec.get("choices")
-    name = path.split(".")[-1]
+    # a link's fields keep their stream and part (``obs.latency.ms``): several streams have an ``ms``
+    name = (
+        path.removeprefix("placement.links.") if path.startswith("placement.links.") else path.split(".")[-1]
+    )
     lo, hi = (rng or (None, None))[:2] if rng else (None, None)
     tip = spec.get("doc") or ""
     if rng:
