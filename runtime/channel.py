@@ -58,20 +58,23 @@ class _TorchLeaf:
         return (_TorchLeaf, (self.array,))
 
 
-def to_wire(obj: Any) -> tuple[Any, int]:
-    """Torch tensors -> numpy (marked); returns ``(payload, nbytes)``."""
+def _map_arrays(obj: Any, on_array: Any) -> tuple[Any, int]:
+    """``obj`` with ``on_array`` applied to every numpy array (torch tensors become marked numpy first);
+    returns it with the payload's bytes."""
     total = 0
 
     def walk(x: Any) -> Any:
         nonlocal total
         if isinstance(x, np.ndarray):
             total += x.nbytes
-            return x
-        mod = type(x).__module__
-        if mod.startswith("torch") and hasattr(x, "detach"):
+            return on_array(x)
+        if isinstance(x, _TorchLeaf):
+            total += x.array.nbytes
+            return _TorchLeaf(on_array(x.array))
+        if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
             arr = x.detach().cpu().numpy()
             total += arr.nbytes
-            return _TorchLeaf(arr)
+            return _TorchLeaf(on_array(arr))
         if isinstance(x, dict):
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, list | tuple):
@@ -82,6 +85,11 @@ def to_wire(obj: Any) -> tuple[Any, int]:
         return x
 
     return walk(obj), total
+
+
+def to_wire(obj: Any) -> tuple[Any, int]:
+    """Torch tensors -> numpy (marked); returns ``(payload, nbytes)``."""
+    return _map_arrays(obj, lambda a: a)
 
 
 def from_wire(obj: Any, as_torch: bool = True) -> Any:
@@ -104,26 +112,7 @@ def from_wire(obj: Any, as_torch: bool = True) -> Any:
 
 def copy_wire(obj: Any) -> tuple[Any, int]:
     """A wire payload with every array copied (out of a lane's shared buffer); returns ``(payload, nbytes)``."""
-    total = 0
-
-    def walk(x: Any) -> Any:
-        nonlocal total
-        if isinstance(x, np.ndarray):
-            total += x.nbytes
-            return x.copy()
-        if isinstance(x, _TorchLeaf):
-            total += x.array.nbytes
-            return _TorchLeaf(x.array.copy())
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            seq = [walk(v) for v in x]
-            return seq if isinstance(x, list) else tuple(seq)
-        if isinstance(x, bytes | bytearray):
-            total += len(x)
-        return x
-
-    return walk(obj), total
+    return _map_arrays(obj, np.copy)
 
 
 @dataclass

@@ -1120,9 +1120,10 @@ class RunControllerImpl:
                 "budget": to_dict(self.cfg.budget),
                 "ended_at": self.ended_at,
                 "env_workers": self.env_worker_rows(),
+                # the streams linked at launch, as retuned since (live)
                 **(
-                    {"links": self.cfg.placement.links.describe()}
-                    if self.cfg.placement.links.active()
+                    {"links": self.cfg.placement.links.describe(self.link_streams)}
+                    if self.link_streams
                     else {}
                 ),
                 **self.robots.status(),

@@ -88,11 +88,11 @@ class RunLinks:
             out[f"placement.links.{name}.bandwidth_bytes_s"] = link_fields["bandwidth_bytes_s"]
         return out
 
-    def describe(self) -> dict[str, dict[str, Any]]:
-        """The active links as plain dicts (for the run's events and status)."""
+    def describe(self, streams: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The links of ``streams`` (default: the active ones) as plain dicts (for the run's events and status)."""
         out = {}
-        for name, link in self.active().items():
-            d = to_dict(link)
+        for name in self.active() if streams is None else streams:
+            d = to_dict(getattr(self, name))
             d["latency"] = {k: v for k, v in d["latency"].items() if v is not None}
             out[name] = d
         return out
