@@ -349,6 +349,8 @@ class ChannelActor:
     def set_link(self, link: Any) -> None:
         """The link's new latency and bandwidth (a live change), from the next put on; its draws carry on."""
         with self.cond:
+            if self.link is None:
+                raise ValueError(f"channel {self.name!r} was created without a link: there is none to retune")
             self.link.retune(link)
             self.cond.notify_all()
 
@@ -546,9 +548,9 @@ class Channel:
     On a channel made with ``lanes=True`` a key with one producer actor and one consumer actor on the same
     node becomes a shared-memory lane once both have used it: the producer's later items go straight into
     shared buffers the consumer reads, with no call to the channel actor (see :mod:`.lanes`). Earlier items,
-    already queued in the channel actor, are read first. Lanes suit point-to-point streams of large arrays
-    between long-lived workers; a lane is not rebuilt for a worker Ray restarts, and a lane key has no
-    ``latest`` (its items never pass the channel actor).
+    already queued in the channel actor, are read first. ``clear()``, an out-of-band ``put_async`` and an end
+    that Ray restarted close a key's lane (its items in flight are dropped) and a new one is offered later. A
+    lane key has no ``latest`` (its items never pass the channel actor).
     """
 
     def __init__(
@@ -573,9 +575,8 @@ class Channel:
         self._pipeline = _PutPipeline(actor, name, max_ahead_bytes, producer, ends.offers if ends else None)
         self._writers: dict[Any, LaneWriter] = ends.writers if ends else {}
         self._readers: dict[Any, LaneReader] = ends.readers if ends else {}
-        self._stash: dict[Any, deque] = defaultdict(
-            deque
-        )  # items a timed-out get_batch had taken (wire form)
+        # items a timed-out get_batch had taken (wire form): the next gets of their keys return them first
+        self._stash: dict[Any, deque] = defaultdict(deque)
 
     @classmethod
     def create(
@@ -667,11 +668,16 @@ class Channel:
             self._pipeline.flush()
 
     def _put_on_lanes(self, items: list[tuple[Any, Any]], timeout: float | None) -> list[tuple[Any, Any]]:
-        """Write the items whose key has (or may now open) a lane; returns the others."""
+        """Write the items whose key has (or may now open) a lane; returns the others (queued after these).
+
+        A key with an item among the others keeps the rest of this call's items there too: an offer that came
+        in meanwhile must not put a later item on a lane ahead of an earlier one still to be queued.
+        """
         rest = []
         for key, item in items:
             payload, nbytes = to_wire(item)
-            writer = self._writers.get(key) or self._open_lane(key, nbytes)
+            queued = any(k == key for k, _ in rest)
+            writer = None if queued else self._writers.get(key) or self._open_lane(key, nbytes)
             if writer is None:
                 rest.append((key, item))
                 continue

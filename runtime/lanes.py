@@ -7,8 +7,9 @@ copies the arrays out (a buffer is rewritten once the consumer has moved on, so 
 the caller). The channel actor only brokers the lane's opening (see :class:`rlinf_nb.runtime.channel.Channel`)
 and receives the counts now and then; the items never pass through it.
 
-Measured on this 2-core box (bench/bench_channel.py): 10 MB items 2.6x the raw ``ray.put``/call pair,
-1 MB items ~10x, where the brokered channel reaches ~0.75 and ~1.1.
+Measured on this 2-core box (bench/bench_channel.py): 10 MB items 1.5-1.6x the throughput of a raw
+``ray.put`` plus actor call per item, 1 MB items 8-9x, where the brokered channel reaches 0.8-0.9 and ~1.0.
+A channel-mode rollout step (obs put and get, action put and get) takes 0.19 ms instead of 4.2.
 """
 
 from __future__ import annotations
