@@ -1,7 +1,7 @@
 """Channel throughput vs raw ray.put/ray.get between the same two actors (target ratio >= 0.9).
 
-Run: ``.venv/bin/python bench/bench_channel.py`` (or ``make bench``, with the others) (attaches to, or starts, the
-local cluster). Prints MB/s for 1 MB and 10 MB numpy payloads three ways, each as a ratio to raw:
+Run: ``.venv/bin/python bench/bench_channel.py``, or ``make bench`` with the others; it attaches to, or
+starts, the local cluster. Prints MB/s for 1 MB and 10 MB numpy payloads three ways, each as a ratio to raw:
 - raw: the producer ``ray.put``s each item and hands its ref to the consumer in an actor call;
 - channel: the default, brokered channel (every item's ref passes the channel actor);
 - lanes: a channel made with ``lanes=True``: after a warm-up item opens the key's shared-memory lane, items
