@@ -628,7 +628,10 @@ class Channel:
         return cls(name, actor, max_ahead_bytes=max_ahead_bytes, lanes=lanes)
 
     def _envelope(self, item: Any) -> _Envelope:
-        payload, nbytes = to_wire(item)
+        return self._wrap(*to_wire(item))
+
+    def _wrap(self, payload: Any, nbytes: int) -> _Envelope:
+        """A wire payload as the channel actor stores it: inline, or ``ray.put`` by this producer."""
         if nbytes > self.inline_bytes:
             return _Envelope(None, [ray.put(payload)], nbytes, time.time())
         return _Envelope(payload, None, nbytes, time.time())
@@ -652,10 +655,12 @@ class Channel:
     ) -> None:
         """Append each ``(key, item)`` in order, in one call to the channel (see :meth:`put`)."""
         if self._here is not None:
-            items = self._put_on_lanes(items, timeout)
-            if not items:
+            wired = self._put_on_lanes(items, timeout)
+            if not wired:
                 return
-        batch = [(key, self._envelope(item), timeout) for key, item in items]
+        else:
+            wired = [(key, *to_wire(item)) for key, item in items]
+        batch = [(key, self._wrap(payload, nbytes), timeout) for key, payload, nbytes in wired]
         if block and self._pipeline.idle():  # the common blocking case: one call, no thread hop
             accepted, offers = ray.get(self._actor.put_many.remote(batch, self._pipeline._producer))
             self._pipeline.offers.update(offers)
@@ -667,19 +672,23 @@ class Channel:
         if block:
             self._pipeline.flush()
 
-    def _put_on_lanes(self, items: list[tuple[Any, Any]], timeout: float | None) -> list[tuple[Any, Any]]:
-        """Write the items whose key has (or may now open) a lane; returns the others (queued after these).
+    def _put_on_lanes(
+        self, items: list[tuple[Any, Any]], timeout: float | None
+    ) -> list[tuple[Any, Any, int]]:
+        """Write the items whose key has (or may now open) a lane; returns the others, as ``(key, wire payload,
+        nbytes)``, to be queued after these.
 
         A key with an item among the others keeps the rest of this call's items there too: an offer that came
         in meanwhile must not put a later item on a lane ahead of an earlier one still to be queued.
         """
-        rest = []
+        rest: list[tuple[Any, Any, int]] = []
+        queued_keys = set()
         for key, item in items:
             payload, nbytes = to_wire(item)
-            queued = any(k == key for k, _ in rest)
-            writer = None if queued else self._writers.get(key) or self._open_lane(key, nbytes)
+            writer = None if key in queued_keys else self._writers.get(key) or self._open_lane(key, nbytes)
             if writer is None:
-                rest.append((key, item))
+                rest.append((key, payload, nbytes))
+                queued_keys.add(key)
                 continue
             try:
                 writer.write(payload, nbytes, timeout)
@@ -690,7 +699,8 @@ class Channel:
                 ) from None
             except LaneClosed:  # the channel closed it (cleared, aborted): this item goes to its queue
                 del self._writers[key]
-                rest.append((key, item))
+                rest.append((key, payload, nbytes))
+                queued_keys.add(key)
         self._report_lanes(force=False)
         return rest
 

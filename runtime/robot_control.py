@@ -85,19 +85,17 @@ class RobotControl:
             human = env.intervention if isinstance(env.intervention, HumanInTheLoop) else None
             mode, weight = human.mode() if human is not None else ("agent", 0.0)
             arm_modes = human.arm_modes() if human is not None else {}
-            arms, ee = (
+            arms, ee_of = (
                 [],
-                None,
+                {},
             )  # each arm's end effector is read once (a real arm's read is a bus round trip)
             for path, arm in env.arms.items():
                 arm_mode, arm_weight = arm_modes.get(path, ("agent", 0.0))
+                ee_of[id(arm)] = _ee(arm)
                 arms.append(
-                    {"path": path, "mode": arm_mode, "human_weight": float(arm_weight), "ee": _ee(arm)}
+                    {"path": path, "mode": arm_mode, "human_weight": float(arm_weight), "ee": ee_of[id(arm)]}
                 )
-                if arm is env.arm:
-                    ee = arms[-1]["ee"]
-            if not any(arm is env.arm for arm in env.arms.values()):
-                ee = _ee(env.arm)
+            ee = ee_of[id(env.arm)] if id(env.arm) in ee_of else _ee(env.arm)
             latch = env.robot.estop_latch
             out.append({"mode": mode, "human": human is not None, "human_weight": float(weight),
                         "estopped": bool(latch.engaged), "reason": latch.reason, "waiting": i in self.waiting,
