@@ -86,13 +86,15 @@ class PlacementConfig:
     rollout: GroupConfig = param(factory=_rollout_group, doc="rollout workers (policy inference)")
     actor: GroupConfig = param(factory=_actor_group, doc="the learner")
     env_to_rollout: str = param(
-        "direct",
+        "auto",
         doc="how env workers get actions: 'direct' (one call to their rollout worker per step), "
         "'channel' (through the obs/actions channels, batched per rollout worker; on shared-memory lanes "
-        "where placement.lanes allows, else four channel messages per step) "
-        "or 'colocated' (each env worker runs its own copy of the policy, weights synced to it; no rollout "
-        "workers and no per-step call: fastest for small CPU policies; placement.rollout is then unused)",
-        choices=("direct", "channel", "colocated"),
+        "where placement.lanes allows, else four channel messages per step), "
+        "'colocated' (each env worker runs its own copy of the policy, weights synced to it; no rollout "
+        "workers and no per-step call: fastest for small CPU policies; placement.rollout is then unused), "
+        "or 'auto' (channel when a single node is the only one that can host the env and rollout workers, "
+        "else direct; run.status()['env_to_rollout'] and the start event say which)",
+        choices=("auto", "direct", "channel", "colocated"),
     )
     learner: str = param(
         "worker",

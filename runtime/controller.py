@@ -37,7 +37,15 @@ from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
 from .rundir import RunDir, dedupe_steps
 from .setup_progress import SetupReporter
-from .worker import GroupFuture, GroupPlacement, LocalWorkerGroup, WorkerGroup, check_placement
+from .worker import (
+    GroupFuture,
+    GroupPlacement,
+    LocalWorkerGroup,
+    WorkerGroup,
+    check_placement,
+    node_totals,
+    route_env_to_rollout,
+)
 from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
 
 ACTOR_PREFIX = "run:"
@@ -136,6 +144,8 @@ class RunControllerImpl:
         # The env workers start first, from the config dict alone: their start overlaps the import of
         # the algorithm (torch) below. What goes wrong there is raised by setup() (the run fails).
         self.env_start_error: BaseException | None = None
+        # placement.env_to_rollout as this run uses it (``auto`` resolved by where the workers can go)
+        self.env_to_rollout: str = str(config["placement"].get("env_to_rollout", "direct"))
         self.obs_features = obs_features
         self.placements = self._start_env_workers(config)
         env_requested = time.perf_counter()
@@ -234,6 +244,8 @@ class RunControllerImpl:
             claim_robots(self.name, p.env.robots, run_alive=_run_alive, node_group=p.env.node_group)
             self.claimed_robots = list(p.env.robots)
             check_placement(placements)
+            lanes = p.lanes and not any(p.links.channel_link(k) for k in ("obs", "actions"))
+            self.env_to_rollout = route_env_to_rollout(p.env_to_rollout, placements, node_totals(), lanes)
             # the channel actors boot alongside the env workers, so the first rollout need not wait for them
             self.channels = self._create_channels(p, config["env"]["render_every"])
             colocated = p.env_to_rollout == "colocated"  # each env worker runs its own copy of the policy
@@ -256,7 +268,7 @@ class RunControllerImpl:
         links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
         # a waiting get or put holds one of a channel's call threads: one per worker, the controller's, an abort
         waiters = max(MAX_WAITERS, p.env.num_workers + p.rollout.num_workers + 4)
-        per_step = ("obs", "actions") if p.env_to_rollout == "channel" else ()
+        per_step = ("obs", "actions") if self.env_to_rollout == "channel" else ()
         channels = {
             name: Channel.create(
                 f"{self.name}/{name}", 2, link=links.channel_link(name), max_waiters=waiters,
@@ -287,7 +299,7 @@ class RunControllerImpl:
         n_env = p.env.num_workers
         links = p.links  # placement.links: simulated latency/bandwidth per stream (None = no link)
         if links.active():
-            self.event("links", env_to_rollout=p.env_to_rollout, **links.describe())
+            self.event("links", env_to_rollout=self.env_to_rollout, **links.describe())
         env_dict = to_dict(cfg.env)
         policy_dict = to_dict(cfg.policy)
         # The rollout and learner workers start now and read the spaces once env worker 0 has them.
@@ -479,7 +491,7 @@ class RunControllerImpl:
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["env"], "rollout_colocated", [])
         self._resync_restarted_rollout_workers()
-        if self.cfg.placement.env_to_rollout == "direct":
+        if self.env_to_rollout == "direct":
             policies = self.groups["rollout"].actors
             n_roll = len(policies)
             links = self.cfg.placement.links  # the launch's linked streams, as retuned since (maybe zeroed)
@@ -571,7 +583,10 @@ class RunControllerImpl:
         roll_fut.get()
         self._note_env_restarts([r.get("incarnation") for r in env_results])
         n_env = len(self.groups["env"])
-        trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=60, as_torch=False)
+        # Every env worker has put its segment (a blocking put) before its rollout returned: only a linked
+        # stream holds it back, until its simulated delivery time, however long the link's latency is.
+        wait = None if "trajectories" in self.link_streams else 60
+        trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=wait, as_torch=False)
         if self.link_streams:
             self._measure_links(env_results)
         batch = {  # [T, N] along the envs of all workers; dict obs concatenate leaf by leaf
@@ -766,6 +781,33 @@ class RunControllerImpl:
                         "complete checkpoint")  # fmt: skip
         return True
 
+    def _await_beside_segment(self, fut: GroupFuture, timeout: float = 120.0) -> list[Any]:
+        """``fut``'s results, where its workers may first have to finish the off-policy segment in flight.
+
+        The segment takes as long as it needs (an e-stopped env waits in its reset, and the channel reads of
+        the rollout workers wait with it); ``timeout`` counts only once no segment worker is still working.
+        A segment worker that failed or died leaves its peers waiting for it: the rollout is aborted, which
+        wakes them, and the next collect stage reports the failure (and recovers from it).
+        """
+        seg_refs = [r for f in self._segment for r in f.refs] if self._segment is not None else []
+        deadline, aborted = time.monotonic() + timeout, False
+        while True:
+            done, _ = ray.wait(fut.refs, num_returns=len(fut.refs), timeout=0.5)
+            if len(done) == len(fut.refs):
+                return fut.get()
+            ended, running = (
+                ray.wait(seg_refs, num_returns=len(seg_refs), timeout=0) if seg_refs else ([], [])
+            )
+            if not aborted and any(_ended_badly(r) for r in ended):
+                self._abort_rollout()
+                aborted = True
+            if running:
+                deadline = time.monotonic() + timeout
+            elif time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{fut.method} on the {fut.group.name} workers: no answer within {timeout:g} s"
+                )
+
     def _drop_segment_in_flight(self) -> None:
         """Wait for an off-policy collection segment still running (its data belongs to the lost steps), drop it."""
         segment, self._segment = self._segment, None
@@ -806,8 +848,8 @@ class RunControllerImpl:
                     ray.get(offer, timeout=120)
                 except RECOVERABLE:  # a dead or restarting env worker loads them at its next rollout
                     pass
-        else:
-            self.groups["rollout"].call("set_weights", ref, version).get(timeout=120)
+        else:  # a rollout worker answers after the serve call of an off-policy segment in flight
+            self._await_beside_segment(self.groups["rollout"].call("set_weights", ref, version))
         return {
             "weights_version": version,
             "weights_bytes": int(sum(np.asarray(v).nbytes for v in weights.values())),
@@ -861,7 +903,8 @@ class RunControllerImpl:
         try:
             self.setup()
             self.event("start", resumed_from=self.resumed_from, algorithm=self.cfg.algorithm,
-                       paused=self.mode == "pause", **self.setup_timings)  # fmt: skip
+                       paused=self.mode == "pause", env_to_rollout=self.env_to_rollout,
+                       **self.setup_timings)  # fmt: skip
             self.run_dir.write_status(self.status())
             while True:
                 try:
@@ -1120,6 +1163,7 @@ class RunControllerImpl:
                 "budget": to_dict(self.cfg.budget),
                 "ended_at": self.ended_at,
                 "env_workers": self.env_worker_rows(),
+                "env_to_rollout": self.env_to_rollout,  # the mode in use (placement's 'auto' resolved)
                 # the streams linked at launch, as retuned since (live)
                 **(
                     {"links": self.cfg.placement.links.describe(self.link_streams)}
@@ -1153,6 +1197,14 @@ def _record_section(record: dict[str, Any], run_dir: RunDir) -> dict[str, Any] |
     if not record["enabled"]:
         return None
     return {**record, "root": str(record["root"] or run_dir.path / "data")}
+
+
+def _ended_badly(ref: ray.ObjectRef) -> bool:
+    """Whether a finished worker call failed: its report says so, or its actor died under it."""
+    try:
+        return not ray.get(ref)["ok"]
+    except Exception:  # noqa: BLE001 - a lost actor, a cancelled call: all failures
+        return True
 
 
 def _run_alive(run: str) -> bool:

@@ -113,6 +113,11 @@ class GroupPlacement:
         return res
 
 
+def node_totals() -> list[dict[str, float]]:
+    """Each alive node's total resources (one dict per node)."""
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
 def check_placement(groups: dict[str, GroupPlacement]) -> None:
     """Fail fast, naming the group and resource, when the cluster cannot host ``groups``.
 
@@ -193,6 +198,36 @@ def _closest_node_lacks(placement: GroupPlacement, need: dict[str, float], total
         return f"no single node has all of it: {where} {'lack' if label else 'lacks'} {never}. Fix: {fix}."
     return (f"no single node has all of it free: {where} {'have' if label else 'has'} no {lacking} left "
             "(other runs or groups hold it). Stop another run or lower the group's num_workers or num_cpus.")  # fmt: skip
+
+
+def candidate_nodes(placement: GroupPlacement, totals: list[dict[str, float]]) -> set[int]:
+    """The nodes (indices into ``totals``) that could host some worker of ``placement``: each node that has
+    everything one of its workers asks for (label, CPUs, GPUs, its own resources). Pure."""
+    out: set[int] = set()
+    for rank in range(placement.count):
+        need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.actor_resources(rank)}
+        out.update(
+            j for j, have in enumerate(totals) if all(_fits(have, k, v) for k, v in need.items() if v > 0)
+        )
+    return out
+
+
+def route_env_to_rollout(
+    mode: str, groups: dict[str, GroupPlacement], totals: list[dict[str, float]], lanes: bool
+) -> str:
+    """``placement.env_to_rollout`` as a run uses it. Any mode but ``auto`` is kept. Pure.
+
+    ``auto`` becomes ``channel`` when the obs/actions streams may ride shared-memory lanes (``lanes``: lanes
+    on, neither stream linked) and one node is the only one that could host any env or rollout worker, so
+    every env/rollout pair shares it. Otherwise ``direct``: Ray places the workers and they may land on
+    different nodes, where a lane cannot go, and a brokered channel costs more hops per step than a call.
+    """
+    if mode != "auto":
+        return mode
+    if not lanes:
+        return "direct"
+    nodes = candidate_nodes(groups["env"], totals) | candidate_nodes(groups["rollout"], totals)
+    return "channel" if len(nodes) == 1 else "direct"
 
 
 class GroupFuture:

@@ -141,7 +141,7 @@ class EnvWorker(Worker):
 
         def ask(msg: dict[str, Any]) -> dict[str, Any]:
             obs_ch.put(self.rank, msg, block=False)
-            return act_ch.get(self.rank, as_torch=False)
+            return act_ch.get(self.rank, timeout=None, as_torch=False)  # see serve: an abort wakes it
 
         return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush,
                              chunk=chunk, acting=acting)  # fmt: skip
@@ -454,7 +454,9 @@ class RolloutWorker(Worker):
               value_round: bool = True) -> dict[str, Any]:  # fmt: skip
         """Answer ``num_steps`` observation rounds from ``env_ranks`` (+1 values-only round if ``value_round``)."""
         for _ in range(num_steps + int(value_round)):
-            msgs = obs_ch.get_batch(env_ranks, as_torch=False)
+            # No timeout: an env may wait in its reset for as long as an e-stop is held. A failed or lost
+            # worker makes the controller abort the rollout, and the abort message wakes this read.
+            msgs = obs_ch.get_batch(env_ranks, timeout=None, as_torch=False)
             if any(m.get(ABORT) for m in msgs):
                 return {"aborted": True}
             act_ch.put_many(list(zip(env_ranks, self.server.answer(msgs), strict=True)), block=False)

@@ -289,3 +289,28 @@ def test_a_channel_mode_run_streams_on_lanes_with_the_same_results(attached):
         ].reset_index(drop=True)
     assert len(rows[True]) == 4
     pd.testing.assert_frame_equal(rows[True], rows[False])
+
+
+def test_auto_routes_a_one_node_run_through_lanes_and_falls_back_to_direct_calls_without_them(attached):
+    """``placement.env_to_rollout: auto`` (the default) on the one-node session cluster: channel mode on
+    lanes; with lanes off a brokered channel would cost more per step than a call, so direct. The run's
+    status and start event say which."""
+    import uuid
+
+    import rlinf_nb as rl
+
+    for lanes, want in ((True, "channel"), (False, "direct")):
+        run = rl.launch("ppo_cartpole", name=f"auto_{lanes}_{uuid.uuid4().hex[:6]}", placement__lanes=lanes,
+                        placement__env_to_rollout="auto", placement__env__num_workers=2)  # fmt: skip
+        try:
+            run.wait(until=lambda row: row["step"] >= 1, timeout=300, progress=False)
+            status, channels = run.status(), run.health()["channels"]
+        finally:
+            run.stop()
+        assert status["env_to_rollout"] == want
+        starts = run.events()
+        assert starts[starts["kind"] == "start"]["env_to_rollout"].tolist() == [want]
+        if want == "channel":
+            assert [channels[name].get("lanes", 0) for name in ("obs", "actions")] == [2, 2]
+        else:
+            assert "obs" not in channels and "actions" not in channels

@@ -459,7 +459,9 @@ def _wait(cond, timeout: float, what: str, poll: float = 0.05):
 def test_estop_and_clear_from_the_run_reach_the_stepping_robots():
     import rlinf_nb as rl
 
-    run = rl.launch(robot_run_config(), name=f"estop_{uuid.uuid4().hex[:6]}")
+    cfg = robot_run_config()
+    cfg["placement"] = {"env_to_rollout": "direct"}  # the channel path: the test below
+    run = rl.launch(cfg, name=f"estop_{uuid.uuid4().hex[:6]}")
     try:
         _wait(lambda: run.status()["update_step"] >= 1, 300, "a first update")
         st = run.status()
@@ -511,6 +513,32 @@ def test_estop_and_clear_from_the_run_reach_the_stepping_robots():
         )
         assert ev[ev["kind"] == "clear_estop"]["envs"].tolist() == [[1], [0, 1]]
         run.hand_back(env=0)
+        assert run.status()["state"] in ("running", "paused", "stepping")
+    finally:
+        run.stop(timeout=120)
+
+
+@pytest.mark.usefixtures("attached")
+def test_an_estop_held_past_the_channel_timeout_leaves_a_channel_mode_run_waiting():
+    """In ``channel`` mode the rollout worker reads its env workers' obs from a channel. An e-stop held longer
+    than a channel read's default timeout (60 s) must leave the run waiting for the clear, as in ``direct``
+    mode: the controller's abort, not a timeout, wakes those reads."""
+    import rlinf_nb as rl
+
+    cfg = robot_run_config()
+    cfg["placement"] = {"env_to_rollout": "channel"}
+    run = rl.launch(cfg, name=f"estop_ch_{uuid.uuid4().hex[:6]}")
+    try:
+        _wait(lambda: run.status()["update_step"] >= 1, 300, "a first update")
+        run.estop(reason="long", env=1)
+        _wait(lambda: run.status()["robot_envs"][1]["waiting"], 60, "env 1 waiting in its reset")
+        steps = run.status()["env_steps"]
+        time.sleep(68.0)
+        st = run.status()
+        assert st["state"] not in ("failed", "stopped"), st.get("error")
+        assert st["env_steps"] == steps and st["estopped"] == [1]
+        run.clear_estop(env=1)
+        _wait(lambda: run.status()["env_steps"] > steps, 120, "the rollout going on after clear_estop")
         assert run.status()["state"] in ("running", "paused", "stepping")
     finally:
         run.stop(timeout=120)

@@ -44,7 +44,7 @@ def test_groups_are_placed_by_node_group_label(two_node_home):
         run = rl.launch("ppo_cartpole", name="placed", budget__total_env_steps=1024, budget__stop_metric=None,
                         budget__stop_value=None, env_workers=2, placement__env__node_group="sim",
                         placement__rollout__node_group="sim", placement__actor__node_group="train",
-                        placement__env__resources={"sim_slot": 1}, placement__env_to_rollout="direct",
+                        placement__env__resources={"sim_slot": 1}, placement__env_to_rollout="auto",
                         placement__learner="worker")
         where = [{"group": p["group"], "rank": p["rank"], "ip": nodes[p["node_id"]]} for p in run._call("placement")]
         status = run.wait(timeout=300, progress=False)
@@ -53,7 +53,8 @@ def test_groups_are_placed_by_node_group_label(two_node_home):
             error = None
         except RuntimeError as exc:
             error = str(exc)
-        print("RESULT" + json.dumps({"where": where, "state": status["state"], "error": error}))
+        print("RESULT" + json.dumps({"where": where, "state": status["state"], "error": error,
+                                     "env_to_rollout": status["env_to_rollout"]}))
         """
     )
     proc = run_py(code, home=two_node_home, timeout=600)
@@ -66,4 +67,5 @@ def test_groups_are_placed_by_node_group_label(two_node_home):
     assert by_group == {"env": {"127.0.0.3"}, "rollout": {"127.0.0.3"}, "actor": {"127.0.0.2"}}
     assert len([p for p in result["where"] if p["group"] == "env"]) == 2
     assert result["state"] == "finished"
+    assert result["env_to_rollout"] == "channel"  # auto: env and rollout workers can only share the sim node
     assert "'actor'" in result["error"] and "node_group:gpu" in result["error"]

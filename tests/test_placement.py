@@ -62,3 +62,49 @@ def test_gpu_is_asked_for_only_when_the_group_needs_it(count):
     msg = placement_problem(groups, TWO_NODES, TWO_NODES)
     assert "'GPU'" in msg and "no node provides it" in msg
     assert placement_problem({"actor": GroupPlacement(count=count)}, TWO_NODES, TWO_NODES) is None
+
+
+# ----------------------------------------------------------------------------- placement.env_to_rollout: auto
+
+ONE_NODE = nodes({"CPU": 2})
+
+
+def test_auto_routes_through_lanes_only_where_one_node_hosts_every_env_and_rollout_worker():
+    from rlinf_nb.runtime.worker import route_env_to_rollout
+
+    def route(env: GroupPlacement, rollout: GroupPlacement, totals, lanes: bool = True) -> str:
+        return route_env_to_rollout("auto", {"env": env, "rollout": rollout}, totals, lanes)
+
+    assert route(GroupPlacement(2), GroupPlacement(1), ONE_NODE) == "channel"
+    # two nodes: unlabelled workers could land on either, so a lane might not reach
+    assert route(GroupPlacement(2), GroupPlacement(1), TWO_NODES) == "direct"
+    # both groups pinned to the sim node (by label or by a resource only it has): one node, lanes
+    assert (
+        route(GroupPlacement(2, node_group="sim"), GroupPlacement(1, node_group="sim"), TWO_NODES)
+        == "channel"
+    )
+    assert route(GroupPlacement(1, resources={"sim_slot": 1}), GroupPlacement(1, node_group="sim"),
+                 TWO_NODES) == "channel"  # fmt: skip
+    # env on sim, rollout on train: across nodes
+    assert (
+        route(GroupPlacement(1, node_group="sim"), GroupPlacement(1, node_group="train"), TWO_NODES)
+        == "direct"
+    )
+    # a robot worker (its own resource) on one node and the rollout worker unlabelled: direct
+    robot = GroupPlacement(1, rank_resources=[{"robot:arm": 1}])
+    assert route(robot, GroupPlacement(1), nodes({"CPU": 2}, {"CPU": 2, "robot:arm": 1})) == "direct"
+    # lanes off (placement.lanes false, or a linked obs/actions stream): a brokered channel loses to a call
+    assert route(GroupPlacement(2), GroupPlacement(1), ONE_NODE, lanes=False) == "direct"
+    for mode in ("direct", "channel", "colocated"):  # explicit modes are kept
+        assert route_env_to_rollout(mode, {"env": GroupPlacement()}, TWO_NODES, False) == mode
+
+
+def test_candidate_nodes_are_those_with_all_a_worker_asks_for():
+    from rlinf_nb.runtime.worker import candidate_nodes
+
+    assert candidate_nodes(GroupPlacement(1), TWO_NODES) == {0, 1}
+    assert candidate_nodes(GroupPlacement(1, node_group="train"), TWO_NODES) == {0}
+    assert candidate_nodes(GroupPlacement(1, num_cpus=3), TWO_NODES) == set()
+    assert candidate_nodes(GroupPlacement(1, num_gpus=1), TWO_NODES) == set()
+    per_rank = GroupPlacement(2, rank_resources=[{"sim_slot": 1}, {}])
+    assert candidate_nodes(per_rank, TWO_NODES) == {0, 1}  # rank 0 only on sim, rank 1 anywhere
