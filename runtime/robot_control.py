@@ -85,10 +85,8 @@ class RobotControl:
             human = env.intervention if isinstance(env.intervention, HumanInTheLoop) else None
             mode, weight = human.mode() if human is not None else ("agent", 0.0)
             arm_modes = human.arm_modes() if human is not None else {}
-            arms, ee_of = (
-                [],
-                {},
-            )  # each arm's end effector is read once (a real arm's read is a bus round trip)
+            arms: list[dict[str, Any]] = []
+            ee_of: dict[int, list[float] | None] = {}  # each arm's end effector read once (a bus round trip)
             for path, arm in env.arms.items():
                 arm_mode, arm_weight = arm_modes.get(path, ("agent", 0.0))
                 ee_of[id(arm)] = _ee(arm)
