@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -168,12 +170,17 @@ def test_metrics_and_latest_answer_while_every_call_thread_waits(attached):
 
     ch = Channel.create("test/waiters", maxsize=2, max_waiters=2)
     try:
-        waiting = [ch._actor.get_many.remote(f"empty{i}", 1, 8) for i in range(2)]  # 8 s each
-        ray.wait(waiting, timeout=1)  # both are in the actor now, waiting
-        m = ray.get(ch.metrics_async(), timeout=5)  # behind the gets, it would come after 8 s
-        assert m["calls_max"] == 2
+        waiting = [ch._actor.get_many.remote(f"empty{i}", 1, 15) for i in range(2)]  # 15 s each
+        deadline = time.monotonic() + 12  # a loaded machine can take seconds to deliver the calls
+        calls_max = 0
+        while calls_max < 2 and time.monotonic() < deadline:
+            # each metrics call would sit behind the gets (15 s) if it shared their threads
+            calls_max = ray.get(ch.metrics_async(), timeout=5)["calls_max"]
+        assert calls_max == 2, "both gets never held a data thread at once"
         assert ray.get(ch._actor.latest.remote("empty0"), timeout=5) is None
-        assert ray.get(waiting, timeout=30) == [None, None]  # they time out, nothing was put
+        returned, _ = ray.wait(waiting, num_returns=2, timeout=0)
+        assert not returned, "the gets returned early: metrics/latest proved nothing"
+        assert ray.get(waiting, timeout=60) == [None, None]  # they time out, nothing was put
     finally:
         ch.kill()
 
