@@ -32,7 +32,17 @@ from typing import Any
 import numpy as np
 import ray
 
-from .lanes import Endpoint, LaneBook, LaneClosed, LaneReader, LaneTimeout, LaneWriter, close_lane, lane_ends
+from .lanes import (
+    Endpoint,
+    LaneBook,
+    LaneClosed,
+    LaneReader,
+    LaneTimeout,
+    LaneWriter,
+    close_lane,
+    hold_lane,
+    lane_ends,
+)
 
 INLINE_BYTES = 100 * 1024
 MAX_WAITERS = 16  # data calls a channel actor serves at once (each waiting get or put holds a thread)
@@ -338,10 +348,16 @@ class ChannelActor:
         return None if shm is None else _LaneSwitch(shm)
 
     @ray.method(concurrency_group="control")
-    def open_lane(self, key: Any, producer_id: str, shm: Any) -> bool:
-        """The producer made ``key``'s lane after its earlier puts were queued; waiting getters switch to it."""
+    def open_lane(self, key: Any, producer_id: str, shm: Any, held: Any) -> bool:
+        """The producer made ``key``'s lane after its earlier puts were queued; waiting getters switch to it.
+
+        ``shm`` goes to the key's reader; ``held`` (a second copy of it) is this actor's: mapped now, so
+        the lane can be closed after its writer died (:func:`hold_lane`).
+        """
         with self.cond:
-            ok = self.book is not None and self.book.open(key, producer_id, shm)
+            ok = self.book is not None and self.book.open(key, producer_id, shm, held)
+            if ok:
+                hold_lane(held)
             self.cond.notify_all()
             return ok
 
@@ -712,7 +728,8 @@ class Channel:
         reader_handle, node_id, buffers = offer
         self._pipeline.flush()  # the key's earlier items are in the channel actor's queue: read first
         writer = LaneWriter(reader_handle, node_id, buffers, first_item_bytes=item_bytes)
-        if not ray.get(self._actor.open_lane.remote(key, self._id, writer.shm)):
+        # the same lane twice: Ray sends each argument as a copy of its own (see ChannelActor.open_lane)
+        if not ray.get(self._actor.open_lane.remote(key, self._id, writer.shm, writer.shm)):
             writer.shm.close()  # another producer or reader came meanwhile: the key stays brokered
             return None
         self._writers[key] = writer

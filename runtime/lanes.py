@@ -139,7 +139,28 @@ class _Lane:
     producer_id: str
     reader_id: str
     shm: Any
+    held: Any = None  # the channel actor's own mapped copy of the lane (what it closes), None: ``shm``
     delivered: bool = False  # the reader was told to switch to it
+
+    def closer(self) -> Any:
+        return self.shm if self.held is None else self.held
+
+
+def hold_lane(shm: Any) -> None:
+    """Map a lane's buffers into this process now, while its writer (blocked on this call) is alive.
+
+    ``close()`` first maps the buffers in a process that has not (as a reader, on the lane's node). When
+    the writer was SIGKILLed after opening its lane and before the reader's first read, Ray had sometimes
+    dropped the buffers by then (seen in ~1 of 5 env-worker kills of a colocated run), and mapping a
+    dropped buffer trips a check in Ray's core worker that kills the whole process (Ray 2.60:
+    "Experimental mutable object must be in the local object store to register as reader or writer").
+    So the channel actor, which closes such lanes in a recovery, maps each lane when it opens. With it,
+    24 kills in a row recovered.
+
+    ``shm`` must be a copy of its own: a mapped copy is marked registered, and a reader given such a copy
+    would skip its own mapping and read the buffers as plain objects (their first contents' raw bytes).
+    """
+    shm.ensure_registered_as_reader()
 
 
 def close_lane(shm: Any) -> None:
@@ -197,11 +218,12 @@ class LaneBook:
             return None
         return (reader[2], reader[1], self.buffers)
 
-    def open(self, key: Any, producer_id: str, shm: Any) -> bool:
+    def open(self, key: Any, producer_id: str, shm: Any, held: Any = None) -> bool:
+        """Record ``key``'s lane (``shm`` goes to its reader; ``held``, if given, is what :meth:`drop` returns)."""
         reader = self.readers.get(key)
         if key in self.lanes or reader is None or self.producers.get(key) != {producer_id}:
             return False
-        self.lanes[key] = _Lane(producer_id, reader[0], shm)
+        self.lanes[key] = _Lane(producer_id, reader[0], shm, held)
         return True
 
     def lane_for(self, key: Any, reader: tuple[str, str, Any] | None) -> Any | None:
@@ -228,13 +250,13 @@ class LaneBook:
         The next producer and reader of such a key start over (brokered, until a lane is offered again).
         """
         if keys is None:
-            shms = [lane.shm for lane in self.lanes.values()]
+            shms = [lane.closer() for lane in self.lanes.values()]
             self.lanes.clear()
             self.producers.clear()
             self.readers.clear()
             return shms
         keys = [k for k in keys if k in self.lanes]
-        shms = [self.lanes.pop(k).shm for k in keys]
+        shms = [self.lanes.pop(k).closer() for k in keys]
         for k in keys:
             self.producers.pop(k, None)
             self.readers.pop(k, None)

@@ -91,7 +91,10 @@ class EnvWorker(Worker):
     def spaces(self) -> tuple[Any, Any]:
         return self.env.observation_space, self.env.action_space
 
+    @ray.method(concurrency_group="control")
     def ping(self) -> dict[str, Any]:
+        """Answered beside a running rollout call (which holds the default thread for a whole segment), so a
+        busy env worker does not read as dead in ``run.health()`` and the cluster view."""
         return {**super().ping(), "robot": self.robot, "env_id": self.env_cfg["id"]}
 
     @ray.method(concurrency_group="control")

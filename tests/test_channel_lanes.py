@@ -6,6 +6,8 @@ the book tests check the channel actor's rules for opening a lane as pure bookke
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import ray
@@ -198,6 +200,36 @@ def test_a_restarted_producer_gets_its_key_back_to_the_queue(attached):
             ray.kill(a)
 
 
+def test_a_lane_whose_writer_died_before_its_first_read_can_be_cleared(attached):
+    """A writer killed between opening its lane and the reader's first read: clear still closes the lane.
+
+    The channel actor maps each lane when it opens (``hold_lane``), so closing one needs no mapping then.
+    Before that, a run whose env worker was SIGKILLed at this moment lost its channel actor ~1 time in 5
+    (Ray's core worker check: "Experimental mutable object must be in the local object store"); this
+    lane-level sequence did not reproduce that crash here, so it guards the behaviour, not the race.
+    """
+    ch = Channel.create("test/lanes-dead-writer", maxsize=2, lanes=True)
+    producer, consumer = Peer.options(max_restarts=1).remote(), Peer.remote()  # restarted, as env workers are
+    try:
+        ray.get(producer.call.remote(put_range, ch, 0, 2))
+        assert ray.get(consumer.call.remote(take, ch, 2)) == [0, 1]
+        ray.get(producer.call.remote(put_range, ch, 2, 4))  # the offer comes back with these puts
+        assert ray.get(consumer.call.remote(take, ch, 2)) == [2, 3]
+        ray.get(producer.call.remote(put_range, ch, 4, 5))  # opens the lane and writes 4 to it: unread
+        assert ch.metrics()["lanes"] == 1
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(producer.call.remote(crash))
+        time.sleep(2)  # Ray frees what the dead writer owned
+        ch.clear()  # closes the lane: the channel actor crashed here
+        assert ch.metrics()["lanes"] == 0
+        ch.put("k", np.full(256, 9, dtype=np.int64))  # the channel still works, brokered
+        assert int(ch.get("k", timeout=10, as_torch=False)[0]) == 9
+    finally:
+        ch.kill()
+        for a in (producer, consumer):
+            ray.kill(a)
+
+
 def test_a_key_read_from_a_driver_stays_brokered(peers):
     ch = Channel.create("test/lanes-driver", maxsize=4, lanes=True)
     producer = peers[0]
@@ -233,6 +265,18 @@ def test_the_book_offers_a_lane_to_a_sole_producer_on_the_readers_node():
     assert book.offer("k", "p1", None) is None  # a driver is no lane end
     book.note_producer("k", "p2")
     assert book.offer("k", "p1", "node-1") is None and not book.open("k", "p1", "shm")
+
+
+def test_the_book_closes_the_channel_actors_own_copy_of_a_lane():
+    book = LaneBook("c", buffers=2)
+    for key in ("a", "b"):
+        book.note_producer(key, "p")
+        book.note_reader(key, ("r", "node", None))
+    assert book.open("a", "p", "shm-a", held="held-a")
+    assert book.open("b", "p", "shm-b")
+    assert book.lane_for("a", ("r", "node", None)) == "shm-a"  # the reader gets the unmapped copy
+    assert book.drop(["a"]) == ["held-a"]
+    assert book.drop() == ["shm-b"]  # no copy held: the lane's own
 
 
 def test_the_book_keeps_a_lane_to_its_two_ends():

@@ -104,6 +104,31 @@ def test_killed_env_worker_is_restarted_and_recorded():
     run.stop()
 
 
+def test_env_workers_in_the_middle_of_a_rollout_answer_health_pings():
+    """A rollout call holds an env worker's main thread for a whole segment; its ping is answered beside it,
+    so ``run.health()`` (the cluster view) does not report a busy env worker as dead."""
+    run = rl.launch(
+        "ppo_cartpole",
+        name=unique("busyping"),
+        algo__rollout_steps=2048,
+        budget__total_env_steps=10**7,
+        budget__stop_metric=None,
+        budget__stop_value=None,
+        placement__env_to_rollout="direct",
+    )  # direct: the longest rollout stage, so polls land in it
+    try:
+        wait_for_step(run, 1)
+        during_rollout = []
+        deadline = time.time() + 120
+        while len(during_rollout) < 4 and time.time() < deadline:
+            if run.status()["stage"] == "rollout":
+                during_rollout.append([h["alive"] for h in run.health()["groups"]["env"]])
+            time.sleep(0.2)
+        assert len(during_rollout) == 4 and all(all(alive) for alive in during_rollout), during_rollout
+    finally:
+        run.stop()
+
+
 def wait_for_learner_recovery(run, steps_after: int = 4) -> tuple[dict, object]:
     """Wait until the run restored its learner and ran ``steps_after`` steps past the checkpoint it went back to."""
 
