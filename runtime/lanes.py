@@ -151,7 +151,7 @@ def hold_lane(shm: Any) -> None:
 
     ``close()`` first maps the buffers in a process that has not (as a reader, on the lane's node). When
     the writer was SIGKILLed after opening its lane and before the reader's first read, Ray had sometimes
-    dropped the buffers by then (seen in ~1 of 5 env-worker kills of a colocated run), and mapping a
+    dropped the buffers by then (seen in 2 of 17 env-worker kills of a colocated run), and mapping a
     dropped buffer trips a check in Ray's core worker that kills the whole process (Ray 2.60:
     "Experimental mutable object must be in the local object store to register as reader or writer").
     So the channel actor, which closes such lanes in a recovery, maps each lane when it opens. With it,
