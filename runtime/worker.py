@@ -112,10 +112,23 @@ class GroupPlacement:
             res[NODE_GROUP_RESOURCE.format(label=self.node_group)] = LABEL_SHARE
         return res
 
+    def worker_needs(self, rank: int) -> dict[str, float]:
+        """Everything worker ``rank`` needs of one node: CPUs, GPUs and its resources (only those > 0)."""
+        need = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.actor_resources(rank)}
+        return {k: v for k, v in need.items() if v > 0}
+
+
+def _alive_nodes() -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def _totals_of(nodes: list[dict[str, Any]]) -> list[dict[str, float]]:
+    return [dict(n.get("Resources", {})) for n in nodes]
+
 
 def node_totals() -> list[dict[str, float]]:
     """Each alive node's total resources (one dict per node)."""
-    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+    return _totals_of(_alive_nodes())
 
 
 def check_placement(groups: dict[str, GroupPlacement]) -> None:
@@ -124,8 +137,8 @@ def check_placement(groups: dict[str, GroupPlacement]) -> None:
     Checks per-node feasibility (a worker must fit on one node that carries its label)
     and totals over all groups; Ray itself would leave such actors pending forever.
     """
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    totals = [dict(n.get("Resources", {})) for n in nodes]
+    nodes = _alive_nodes()
+    totals = _totals_of(nodes)
     try:  # what other runs left free, per node
         from ray._private.state import available_resources_per_node
 
@@ -159,8 +172,7 @@ def placement_problem(
             cluster[k] = cluster.get(k, 0.0) + v
     for name, placement in groups.items():
         for i in range(placement.count):
-            need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.actor_resources(i)}
-            need = {k: v for k, v in need.items() if v > 0}
+            need = placement.worker_needs(i)
             fit = next((r for r in remaining if all(_fits(r, k, v) for k, v in need.items())), None)
             if fit is not None:
                 for k, v in need.items():
@@ -205,10 +217,8 @@ def candidate_nodes(placement: GroupPlacement, totals: list[dict[str, float]]) -
     everything one of its workers asks for (label, CPUs, GPUs, its own resources). Pure."""
     out: set[int] = set()
     for rank in range(placement.count):
-        need = {"CPU": placement.num_cpus, "GPU": placement.num_gpus, **placement.actor_resources(rank)}
-        out.update(
-            j for j, have in enumerate(totals) if all(_fits(have, k, v) for k, v in need.items() if v > 0)
-        )
+        need = placement.worker_needs(rank)
+        out.update(j for j, have in enumerate(totals) if all(_fits(have, k, v) for k, v in need.items()))
     return out
 
 
