@@ -56,7 +56,15 @@ class PlacementError(RuntimeError):
 
 
 class Worker:
-    """Base class of every worker actor."""
+    """Base class of every worker actor.
+
+    Calls run through :meth:`_invoke` on the actor's default thread, one at a time. ``ping`` runs on a
+    ``control`` thread of its own, so a worker busy in a long call (a rollout, a channel-mode ``serve``, an
+    update) still answers ``run.health()`` and the cluster view. A subclass that adds concurrency groups
+    keeps this one: ``concurrency_groups = {**Worker.concurrency_groups, "name": n}``.
+    """
+
+    concurrency_groups: dict[str, int] = {"control": 1}
 
     def __init__(self, rank: int, world_size: int, group: str):
         self.rank = rank
@@ -80,6 +88,7 @@ class Worker:
                 report["lost_peer"] = exc.group
             return report
 
+    @ray.method(concurrency_group="control")
     def ping(self) -> dict[str, Any]:
         return {"rank": self.rank, "group": self.group, "pid": os.getpid(), "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "incarnation": self.incarnation}  # fmt: skip
@@ -282,8 +291,7 @@ class WorkerGroup:
         self.name = name
         self.placement = placement
         self.last_timings: dict[str, list[float]] = {}
-        groups = getattr(worker_cls, "concurrency_groups", None)
-        remote_cls = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
+        remote_cls = ray.remote(concurrency_groups=worker_cls.concurrency_groups)(worker_cls)
         self.actors = [
             remote_cls.options(
                 num_cpus=placement.num_cpus,

@@ -44,7 +44,7 @@ class EnvWorker(Worker):
     while a rollout is stepping it (no per-step polling).
     """
 
-    concurrency_groups = {"control": 1, "weights": 1}
+    concurrency_groups = {**Worker.concurrency_groups, "weights": 1}
 
     def __init__(self, rank: int, world_size: int, group: str, env_cfg: dict[str, Any], seed: int,
                  record: dict[str, Any] | None = None, compression: dict[str, Any] | None = None,
@@ -93,8 +93,7 @@ class EnvWorker(Worker):
 
     @ray.method(concurrency_group="control")
     def ping(self) -> dict[str, Any]:
-        """Answered beside a running rollout call (which holds the default thread for a whole segment), so a
-        busy env worker does not read as dead in ``run.health()`` and the cluster view."""
+        """The base ping (on the ``control`` thread, beside a running rollout) plus this worker's robot and env."""
         return {**super().ping(), "robot": self.robot, "env_id": self.env_cfg["id"]}
 
     @ray.method(concurrency_group="control")

@@ -104,9 +104,10 @@ def test_killed_env_worker_is_restarted_and_recorded():
     run.stop()
 
 
-def test_env_workers_in_the_middle_of_a_rollout_answer_health_pings():
-    """A rollout call holds an env worker's main thread for a whole segment; its ping is answered beside it,
-    so ``run.health()`` (the cluster view) does not report a busy env worker as dead."""
+def test_workers_in_the_middle_of_a_long_call_answer_health_pings():
+    """A long call holds a worker's main thread: a rollout segment (env workers, and the rollout workers'
+    ``serve`` in channel mode) or an update (the learner). Pings are answered beside it, on the worker's
+    ``control`` thread, so ``run.health()`` (the cluster view) does not report a busy worker as dead."""
     run = rl.launch(
         "ppo_cartpole",
         name=unique("busyping"),
@@ -114,17 +115,22 @@ def test_env_workers_in_the_middle_of_a_rollout_answer_health_pings():
         budget__total_env_steps=10**7,
         budget__stop_metric=None,
         budget__stop_value=None,
-        placement__env_to_rollout="direct",
-    )  # direct: the longest rollout stage, so polls land in it
+        placement__env_to_rollout="channel",
+        placement__learner="worker",
+    )  # a rollout worker per step round and 640 gradient steps per update: long stages, so polls land in them
+    busy_groups = {"rollout": ("env", "rollout"), "update": ("actor",)}
     try:
         wait_for_step(run, 1)
-        during_rollout = []
-        deadline = time.time() + 120
-        while len(during_rollout) < 4 and time.time() < deadline:
-            if run.status()["stage"] == "rollout":
-                during_rollout.append([h["alive"] for h in run.health()["groups"]["env"]])
-            time.sleep(0.2)
-        assert len(during_rollout) == 4 and all(all(alive) for alive in during_rollout), during_rollout
+        polls: dict[str, list[dict[str, list[bool]]]] = {stage: [] for stage in busy_groups}
+        deadline = time.time() + 180
+        while min(len(p) for p in polls.values()) < 3 and time.time() < deadline:
+            stage = run.status()["stage"]
+            if stage in busy_groups:
+                groups = run.health()["groups"]
+                polls[stage].append({g: [h["alive"] for h in groups[g]] for g in busy_groups[stage]})
+            time.sleep(0.1)
+        assert min(len(p) for p in polls.values()) >= 3, polls
+        assert all(all(all(alive) for alive in poll.values()) for p in polls.values() for poll in p), polls
     finally:
         run.stop()
 
