@@ -18,6 +18,7 @@ BENCHES = [
     "bench_dashboard_calls.py",
     "bench_maniskill.py",
     "bench_latency.py",
+    "bench_rtc.py",
 ]
 
 

@@ -183,6 +183,14 @@ class PolicyConfig:
         "them open loop, one per env step (1 = one action per step; on-policy algorithms only)",
         range=(1, 1024),
     )
+    chunk_prefetch: int = param(
+        0,
+        doc="real-time chunking: ask for the next action chunk this many env steps before the current one "
+        "runs out and keep stepping while the policy answers, so inference and link latency hide behind "
+        "execution (each chunk's observation is then that many steps older than its first action; "
+        "0 = every chunk waits for its answer; must be < chunk)",
+        range=(0, 1023),
+    )
     inference: str = param(
         "auto",
         doc="how env and rollout workers evaluate the policy to act: numpy = its numpy copy (the mlp "
@@ -195,6 +203,12 @@ class PolicyConfig:
         if self.inference == "numpy" and self.name != "mlp":
             raise ConfigError(
                 "inference", self.inference, f"policy {self.name!r} has no numpy copy (only 'mlp' has); use auto or torch"
+            )  # fmt: skip
+        if self.chunk_prefetch and self.chunk_prefetch >= self.chunk:
+            raise ConfigError(
+                "chunk_prefetch", self.chunk_prefetch,
+                f"must be < policy.chunk ({self.chunk}): the next chunk is asked for that many steps before "
+                "the current one runs out" + (" (prefetching needs action chunks: policy.chunk > 1)" if self.chunk == 1 else ""),
             )  # fmt: skip
         if "chunk" in self.kwargs:
             raise ConfigError(

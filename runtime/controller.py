@@ -46,7 +46,7 @@ from .worker import (
     node_totals,
     route_env_to_rollout,
 )
-from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker
+from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker, rollout_rounds
 
 ACTOR_PREFIX = "run:"
 
@@ -192,6 +192,7 @@ class RunControllerImpl:
         self.stage_times: dict[str, float] = {}
         self.recordings_closed = False
         self.obs_compression: float | None = None  # compression.obs: bytes sent / raw, so far
+        self.stale_chunk_rate: float | None = None  # policy.chunk_prefetch: of the last segment's decisions
         self.link_metrics: dict[str, float] = {}  # placement.links: link_delay_ms of the last segment
         self.link_seen: dict[str, tuple[float, int]] = {}  # per linked channel: its delay totals so far
         self.metrics_rows: list[dict[str, Any]] = []
@@ -479,7 +480,7 @@ class RunControllerImpl:
         from rlinf_nb.algorithms.chunks import check_chunk_steps
 
         ch = self.channels
-        chunk = self.cfg.policy.chunk
+        chunk, prefetch = self.cfg.policy.chunk, self.cfg.policy.chunk_prefetch
         decisions = check_chunk_steps(steps, chunk, "rollout steps")
         # off-policy warm-up: uniform random actions until algo.random_steps env steps are collected
         if transitions and self._in_random_warmup():
@@ -487,7 +488,7 @@ class RunControllerImpl:
         if self.colocated:
             env_fut = self.groups["env"].call(
                 "rollout_colocated", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
-                weights=self.latest_weights, acting=acting,
+                weights=self.latest_weights, acting=acting, prefetch=prefetch,
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["env"], "rollout_colocated", [])
         self._resync_restarted_rollout_workers()
@@ -499,7 +500,7 @@ class RunControllerImpl:
             env_fut = self.groups["env"].call(
                 "rollout_direct", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
                 rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
-                **({"links": direct} if direct else {}), acting=acting,
+                **({"links": direct} if direct else {}), acting=acting, prefetch=prefetch,
             )  # fmt: skip
             return env_fut, GroupFuture(self.groups["rollout"], "infer", [])
         env_fut = self.groups["env"].call(
@@ -512,12 +513,11 @@ class RunControllerImpl:
             transitions,
             chunk=chunk,
             acting=acting,
+            prefetch=prefetch,
         )
+        rounds = rollout_rounds(decisions, prefetch, value_round=not transitions)
         roll_fut = self.groups["rollout"].call(
-            "serve",
-            rank_args=[
-                (decisions, ranks, ch["obs"], ch["actions"], not transitions) for ranks in self.env_ranks_of
-            ],
+            "serve", rank_args=[(rounds, ranks, ch["obs"], ch["actions"]) for ranks in self.env_ranks_of]
         )
         return env_fut, roll_fut
 
@@ -615,6 +615,9 @@ class RunControllerImpl:
         human = [t["human"] for t in trajs if "human" in t]
         if human:
             self._record_human(human, new_steps)
+        stale = [r["stale_chunks"] for r in env_results if "stale_chunks" in r]
+        if stale:  # prefetched chunks that started in a new episode from the old one's last observation
+            self.stale_chunk_rate = sum(stale) / max(1, new_steps // self.cfg.policy.chunk)
         return {"env_steps": new_steps, "episodes": len(returns),
                 "episode_return_mean": float(np.mean(returns)) if returns else None}  # fmt: skip
 
@@ -994,6 +997,8 @@ class RunControllerImpl:
         if self.obs_compression is not None:
             row["obs_compression"] = self.obs_compression
         row.update(self.link_metrics)  # placement.links: link_delay_ms (+ per stream); {} when off
+        if self.stale_chunk_rate is not None:
+            row["stale_chunk_rate"] = self.stale_chunk_rate
         if self.intervention_rate is not None:
             row["intervention_rate"] = self.intervention_rate
             cw = self.clean_success_window

@@ -147,25 +147,39 @@ class DirectLink:
             if clock is not None and name in links:
                 clock.retune(build(ChannelLink, links[name], path=f"placement.links.{name}"))
 
-    def call(self, fn: Callable[[Any], Any], msg: Any) -> Any:
-        """``fn(msg)`` with the request delivered over ``obs`` and the reply over ``actions``."""
-        self._send("obs", self.obs, msg)
-        reply = fn(msg)
-        self._send("actions", self.actions, reply)
-        return reply
+    def submit(self, start: Callable[[Any], Callable[[], tuple[Any, float]]], msg: Any) -> Callable[[], Any]:
+        """Send ``msg`` over ``obs`` to the policy and return what waits for its reply over ``actions``.
+
+        ``start(msg)`` starts the request at once and returns what waits for ``(reply, service seconds)``.
+        The request reaches the policy when the ``obs`` link delivers it; the reply leaves its service time
+        later and is handed over when the ``actions`` link delivers it (or when it really came, if later).
+        Nothing waits until the returned function is called, so a prefetched request's delays run while the
+        env steps.
+        """
+        sent = time.monotonic()
+        arrives = self._due("obs", self.obs, msg, sent)
+        wait_reply = start(msg)
+
+        def receive() -> Any:
+            reply, service_s = wait_reply()
+            due = self._due("actions", self.actions, reply, arrives + service_s)
+            while (left := due - time.monotonic()) > 0:
+                time.sleep(left)
+            return reply
+
+        return receive
 
     def take_delays(self) -> dict[str, list[float]]:
         """The delays since the last call, ``{stream: [seconds, messages]}``."""
         out, self.delays = self.delays.totals, LinkDelays()
         return out
 
-    def _send(self, name: str, clock: LinkClock | None, payload: Any) -> None:
+    def _due(self, name: str, clock: LinkClock | None, payload: Any, put_s: float) -> float:
+        """When ``payload``, put on stream ``name`` at ``put_s``, is delivered (``put_s`` without a link)."""
         if clock is None:
-            return
+            return put_s
         from .channel import to_wire
 
-        now = time.monotonic()
-        due = clock.deliver(now, to_wire(payload)[1])
-        self.delays.add(name, due - now)
-        while (left := due - time.monotonic()) > 0:
-            time.sleep(left)
+        due = clock.deliver(put_s, to_wire(payload)[1])
+        self.delays.add(name, due - put_s)
+        return due

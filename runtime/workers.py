@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -135,22 +136,23 @@ class EnvWorker(Worker):
 
     def rollout(self, num_steps: int, obs_ch: Channel, act_ch: Channel, traj_ch: Channel,
                 frames_ch: Channel | None = None, transitions: bool = False, chunk: int = 1,
-                acting: str = "sample") -> dict[str, Any]:  # fmt: skip
+                acting: str = "sample", prefetch: int = 0) -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking for actions through the ``obs``/``actions`` channels.
 
-        With ``chunk = k``, one observation goes out per ``k`` steps (``num_steps // k`` rounds).
+        With ``chunk = k``, one observation goes out per ``k`` steps (``num_steps // k`` rounds, and one
+        more with ``prefetch``: see :func:`rollout_rounds`).
         """
 
-        def ask(msg: dict[str, Any]) -> dict[str, Any]:
+        def send(msg: dict[str, Any]) -> Callable[[], dict[str, Any]]:
             obs_ch.put(self.rank, msg, block=False)
-            return act_ch.get(self.rank, timeout=None, as_torch=False)  # see serve: an abort wakes it
+            return lambda: act_ch.get(self.rank, timeout=None, as_torch=False)  # see serve: an abort wakes it
 
-        return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush,
-                             chunk=chunk, acting=acting)  # fmt: skip
+        return self._rollout(num_steps, send, traj_ch, frames_ch, transitions, before_publish=obs_ch.flush,
+                             chunk=chunk, acting=acting, prefetch=prefetch)  # fmt: skip
 
     def rollout_direct(self, policy: Any, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
                        transitions: bool = False, chunk: int = 1, links: dict[str, Any] | None = None,
-                       acting: str = "sample") -> dict[str, Any]:  # fmt: skip
+                       acting: str = "sample", prefetch: int = 0) -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps asking the rollout worker ``policy`` (an actor handle) directly.
 
         One actor call per step (per ``chunk`` steps with action chunks) instead of four channel
@@ -160,21 +162,32 @@ class EnvWorker(Worker):
         """
         import ray
 
-        def ask(msg: dict[str, Any]) -> dict[str, Any]:
-            try:
-                report = ray.get(policy._invoke.remote("infer", (msg,), {}))
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                # the rollout worker died or Ray is restarting it: the controller recovers and repeats
-                raise PeerLost("rollout", f"{type(exc).__name__}: {str(exc)[:300]}") from exc
-            if not report["ok"]:
-                raise RuntimeError(
-                    f"the rollout worker failed serving env worker {self.rank}:\n{report['error']}"
-                )
-            return report["result"]
+        def start(msg: dict[str, Any]) -> Callable[[], tuple[dict[str, Any], float]]:
+            """Ask the rollout worker now; the returned function waits for ``(reply, service seconds)``."""
+            ref = policy._invoke.remote("infer", (msg,), {})
+
+            def receive() -> tuple[dict[str, Any], float]:
+                try:
+                    report = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                    # the rollout worker died or Ray is restarting it: the controller recovers and repeats
+                    raise PeerLost("rollout", f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+                if not report["ok"]:
+                    raise RuntimeError(
+                        f"the rollout worker failed serving env worker {self.rank}:\n{report['error']}"
+                    )
+                return report["result"], report["elapsed"]
+
+            return receive
 
         if not links:
-            return self._rollout(num_steps, ask, traj_ch, frames_ch, transitions, chunk=chunk,
-                                 acting=acting)  # fmt: skip
+
+            def send(msg: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+                receive = start(msg)
+                return lambda: receive()[0]
+
+            return self._rollout(num_steps, send, traj_ch, frames_ch, transitions, chunk=chunk,
+                                 acting=acting, prefetch=prefetch)  # fmt: skip
         if self.direct_link is None:  # one per worker, so latency draws and bandwidth queues carry on
             from .links import DirectLink
 
@@ -182,8 +195,8 @@ class EnvWorker(Worker):
         else:  # placement.links is live: the latest latency and bandwidth
             self.direct_link.retune(links)
         link = self.direct_link
-        out = self._rollout(num_steps, lambda msg: link.call(ask, msg), traj_ch, frames_ch, transitions,
-                            chunk=chunk, acting=acting)  # fmt: skip
+        out = self._rollout(num_steps, lambda msg: link.submit(start, msg), traj_ch, frames_ch, transitions,
+                            chunk=chunk, acting=acting, prefetch=prefetch)  # fmt: skip
         return {**out, "link_delays": link.take_delays()}
 
     def _colocated_policy(self) -> PolicyServer:
@@ -202,7 +215,7 @@ class EnvWorker(Worker):
     def rollout_colocated(self, num_steps: int, traj_ch: Channel, frames_ch: Channel | None = None,
                           transitions: bool = False, chunk: int = 1,
                           weights: tuple[list[ray.ObjectRef], int] | None = None,
-                          acting: str = "sample") -> dict[str, Any]:  # fmt: skip
+                          acting: str = "sample", prefetch: int = 0) -> dict[str, Any]:  # fmt: skip
         """Run ``num_steps`` steps with this worker's own copy of the policy: no call per step.
 
         ``weights`` (``([ref], version)`` of the controller's last sync) are loaded first when this
@@ -211,8 +224,10 @@ class EnvWorker(Worker):
         server = self._colocated_policy()
         if weights is not None and server.newest_version < weights[1]:
             server.offer_weights(ray.get(weights[0][0]), weights[1])
-        return self._rollout(num_steps, lambda msg: server.answer([msg])[0], traj_ch, frames_ch, transitions,
-                             chunk=chunk, acting=acting)  # fmt: skip
+        # answered at once: a prefetched chunk only moves its observation
+        send = answered_at_once(lambda msg: server.answer([msg])[0])
+        return self._rollout(num_steps, send, traj_ch, frames_ch, transitions, chunk=chunk, acting=acting,
+                             prefetch=prefetch)  # fmt: skip
 
     def _check_chunkable(self, transitions: bool) -> None:
         """Action chunks (``policy.chunk > 1``) run only on-policy and without a human in the loop."""
@@ -229,10 +244,12 @@ class EnvWorker(Worker):
                 "(use policy.chunk: 1)"
             )
 
-    def _rollout(self, num_steps: int, ask: Any, traj_ch: Channel, frames_ch: Channel | None,
-                 transitions: bool, before_publish: Any = None, chunk: int = 1,
-                 acting: str = "sample") -> dict[str, Any]:  # fmt: skip
-        """Step ``num_steps`` times with actions from ``ask(msg) -> reply``; publish the trajectory.
+    def _rollout(self, num_steps: int, send: Callable[[dict[str, Any]], Callable[[], dict[str, Any]]],
+                 traj_ch: Channel, frames_ch: Channel | None, transitions: bool, before_publish: Any = None,
+                 chunk: int = 1, acting: str = "sample", prefetch: int = 0) -> dict[str, Any]:  # fmt: skip
+        """Step ``num_steps`` times with actions from the policy; publish the trajectory.
+
+        ``send(msg)`` sends one observation message to the policy and returns what waits for its reply.
 
         ``transitions=True`` (off-policy) also keeps ``next_obs`` (the true last observation where an
         episode ended) and ``terminated``; it asks for no state values (its learner has critics of its
@@ -242,19 +259,30 @@ class EnvWorker(Worker):
         distribution, ``mode`` (its most likely action: evaluation), or ``random`` (uniform random actions,
         the off-policy warm-up of ``algo.random_steps``; the policy still gives the values).
 
-        ``chunk = k > 1`` (action chunks): ``ask`` is called once per ``k`` env steps (a decision) and
+        ``chunk = k > 1`` (action chunks): the policy is asked once per ``k`` env steps (a decision) and
         the reply's ``[N, k, ...]`` actions are applied one per step, open loop. The published batch
         holds ``num_steps // k`` decisions: the obs at each decision, the whole chunk action, the
         chunk's credited rewards summed, its episode end and time-limit bootstrap value (the rules,
         e.g. after an episode ends mid-chunk, are in :mod:`rlinf_nb.algorithms.chunks`). Env-step
         counts and episode stats count real env steps.
+
+        ``prefetch = p`` (``0 < p < k``, real-time chunking): decision ``n + 1`` is asked for ``p`` steps
+        before decision ``n``'s chunk runs out, with the observation of that moment, and the env keeps
+        stepping while the policy answers; its chunk starts where decision ``n``'s ends. So the stored
+        observation of a decision is ``p`` steps older than its first action, and only the first decision
+        of a rollout waits for its answer. A decision asked for just before its env's episode ended acts
+        in the new episode from the old episode's last observation (counted: ``stale_chunks``). Time-limit
+        bootstrap observations travel one message later than without prefetching, so the values-only
+        round at the end is two rounds (:func:`rollout_rounds`).
         """
         from rlinf_nb.algorithms.chunks import aggregate_chunks, check_chunk_steps
 
-        T, N, K = num_steps, self.env.num_envs, chunk
+        T, N, K, P = num_steps, self.env.num_envs, chunk, prefetch
         D = check_chunk_steps(T, K, "num_steps")  # decisions; T when K == 1
         if K > 1:
             self._check_chunkable(transitions)
+        if not 0 <= P < K:
+            raise ValueError(f"prefetch: got {P}, expected 0 <= prefetch < chunk ({K})")
         self.obs_codec.restart()  # keyframes first: an aborted rollout's last blobs may never have been decoded
         render_every = int(self.env_cfg.get("render_every") or 0)
         buf: dict[str, Any] = {}
@@ -266,31 +294,56 @@ class EnvWorker(Worker):
         ep_returns: list[float] = []
         ep_lengths: list[int] = []
         successes: list[float] = []
-        final_obs, final_mask = None, None
+        final_obs, final_mask = None, None  # the current decision's time-limit end (its true final obs)
+        unsent: list[tuple[int, Any, np.ndarray]] = []  # finished decisions' (index, final obs, mask) to send
         last_values = None
         terminated = np.zeros((T, N), bool)
         next_obs = None
         human = _HumanTally(T, N)
+        pending: tuple[Callable[[], dict[str, Any]], Any] | None = None  # the next decision's prefetched ask
+        asked_ended = np.zeros(N, bool)  # P > 0: the pending decision's env ended after its obs was taken
+        stale_chunks = 0
+
+        def ask(value_only: bool) -> tuple[Callable[[], dict[str, Any]], Any]:
+            """Send the current observation (and the oldest unsent time-limit ends); returns its waiter."""
+            end = unsent.pop(0) if unsent else None
+            wait = send({"obs": self.obs_codec.encode(self.obs), "sender": self.rank,
+                         "final_obs": None if end is None else end[1], "final_mask": None if end is None else end[2],
+                         "value_only": value_only, "acting": acting, "with_values": not transitions})  # fmt: skip
+            return wait, end
+
+        def receive(asked: tuple[Callable[[], dict[str, Any]], Any]) -> dict[str, Any]:
+            wait, end = asked
+            reply = wait()
+            if end is not None and not reply.get(ABORT):
+                bootstrap[end[0]] = np.where(end[2], reply["bootstrap_values"], 0.0)
+            return reply
+
         for t in range(T + 1):
             if t == T and transitions:
                 break
             d, j = divmod(t, K)  # decision d, step j of its chunk (d == t, j == 0 without chunks)
+            if t == T:  # values-only round(s): the last obs's values, the last time-limit ends' bootstraps
+                rounds = rollout_rounds(0, P, value_round=True)
+                asked = [ask(value_only=True) for _ in range(rounds)]  # all in flight at once
+                for waiter in asked:  # in order; after an abort nothing else answers
+                    reply = receive(waiter)
+                    if reply.get(ABORT):
+                        return {"aborted": True}
+                last_values = reply["values"]
+                break
             if j == 0:
-                reply = ask({"obs": self.obs_codec.encode(self.obs), "sender": self.rank, "final_obs": final_obs,
-                             "final_mask": final_mask, "value_only": t == T, "acting": acting,
-                             "with_values": not transitions})  # fmt: skip
+                if pending is None:
+                    if "obs" not in buf:  # an array or a dict of arrays (images stay uint8): [D, N, ...]
+                        buf["obs"] = tree.zeros(self.obs, lead=(D,))
+                    tree.assign(buf["obs"], d, self.obs)
+                    pending = ask(value_only=False)
+                else:
+                    stale_chunks += int(asked_ended.sum())
+                reply = receive(pending)
+                pending = None
                 if reply.get(ABORT):
                     return {"aborted": True}
-                if t > 0 and final_mask is not None:
-                    bootstrap[d - 1] = np.where(final_mask, reply["bootstrap_values"], 0.0)
-                if t == T:
-                    last_values = reply["values"]
-                    break
-                final_obs, final_mask = None, None
-                ended[:] = False
-                if "obs" not in buf:  # an array or a dict of arrays (images stay uint8): [D, N, ...] per leaf
-                    buf["obs"] = tree.zeros(self.obs, lead=(D,))
-                tree.assign(buf["obs"], d, self.obs)
                 for key, value in (("actions", reply["actions"]), ("logprobs", reply["logprobs"]),
                                    ("values", reply.get("values")), ("versions", reply["version"])):  # fmt: skip
                     if value is None:  # off-policy: no state values asked for
@@ -300,16 +353,22 @@ class EnvWorker(Worker):
                         buf[key] = np.zeros((D, N, *arr.shape[1:]) if arr.ndim else (D, N), arr.dtype)
                     buf[key][d] = arr
                 actions = reply["actions"]
+            if P and j == K - P and d + 1 < D:  # real-time chunking: ask for the next chunk now
+                tree.assign(buf["obs"], d + 1, self.obs)
+                pending = ask(value_only=False)
+                asked_ended[:] = False
             res = self.env.step(actions if K == 1 else actions[:, j])
             self.steps += N
-            if res.intervened is not None:
-                human.record(t, res, buf["actions"])  # K == 1: _check_chunkable refuses humans with chunks
+            stored = buf["actions"][d] if K == 1 else buf["actions"][d][:, j]  # [N, ...]: this step's, a view
+            if res.intervened is not None:  # robot envs (a human in the loop only without chunks)
+                human.record(t, res, stored)
             if self.recording is not None:
-                self.recording.step(self.obs, buf["actions"][d] if K == 1 else buf["actions"][d][:, j], res)
+                self.recording.step(self.obs, stored, res)
             rewards[t] = res.reward
             dones[t] = res.terminated | res.truncated
             truncated[t] = res.truncated & ~res.terminated
             terminated[t] = res.terminated
+            asked_ended |= dones[t]
             if transitions:
                 if next_obs is None:
                     next_obs = tree.zeros(res.obs, lead=(T,))
@@ -334,6 +393,11 @@ class EnvWorker(Worker):
             self.obs = res.obs
             if frames_ch is not None and render_every:  # named camera frames + env 0's finished episodes
                 self.frame_pub.after_step(self.env, res, self.steps, frames_ch)
+            if j == K - 1:  # decision d is over: its time-limit end goes out with a later message
+                if final_mask is not None:
+                    unsent.append((d, final_obs, final_mask))
+                final_obs, final_mask = None, None
+                ended[:] = False
         if K > 1:  # per env step -> per decision: credited rewards summed, the decision's episode end
             per_decision = aggregate_chunks(rewards, terminated, truncated, K)
             rewards, dones, truncated = per_decision.rewards, per_decision.dones, per_decision.truncated
@@ -343,7 +407,7 @@ class EnvWorker(Worker):
         else:
             buf["last_values"] = np.asarray(last_values, np.float32)
         if human.active:
-            buf["intervened"] = human.intervened
+            buf["intervened"] = human.per_decision(human.intervened, K)
             if human.human_mask is not None:  # per action dim (per-arm take-overs): HG-DAgger's labels
                 buf["human_mask"] = human.human_mask
         if before_publish is not None:
@@ -351,7 +415,28 @@ class EnvWorker(Worker):
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
                                 "successes": successes, "env_steps": T * N, **human.summary(),
                                 "obs_codec": self.obs_codec.stats() if self.obs_codec.enabled else None})  # fmt: skip
-        return {"env_steps": T * N, "episodes": len(ep_returns), "incarnation": self.incarnation}
+        return {"env_steps": T * N, "episodes": len(ep_returns), "incarnation": self.incarnation,
+                **({"stale_chunks": stale_chunks} if P else {})}  # fmt: skip
+
+
+def answered_at_once(ask: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict[str, Any]], Any]:
+    """A ``send`` for :meth:`EnvWorker._rollout` from ``ask(msg) -> reply``, which answers as it is called."""
+
+    def send(msg: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+        reply = ask(msg)
+        return lambda: reply
+
+    return send
+
+
+def rollout_rounds(decisions: int, prefetch: int, value_round: bool) -> int:
+    """The messages one env worker sends its policy in a rollout of ``decisions`` decisions.
+
+    One per decision, then the values-only round (``value_round``: on-policy): one message, or two with
+    ``prefetch`` (each time-limit end's bootstrap observation then travels one message later, so the last
+    two decisions' ends are still unsent when the rollout's steps are done).
+    """
+    return decisions + (1 + int(prefetch > 0) if value_round else 0)
 
 
 def _obs_encoder(compression: dict[str, Any] | None, channel: str) -> Any:
@@ -387,7 +472,8 @@ class _HumanTally:
         self.human_mask: np.ndarray | None = None  # bool [T, N, A]: action dims a human drove
 
     def record(self, t: int, res: Any, actions: np.ndarray) -> None:
-        """Flag step ``t``; where a human (or a hand-back blend) changed the action, store the applied one."""
+        """Flag step ``t``; where a human, a hand-back blend or the arm's limits changed the action, store the
+        applied one in ``actions`` (``[N, ...]``, a view of the batch's slot for this step)."""
         self.active = True
         self.intervened[t] = res.intervened
         before = self.intervened[t - 1] if t > 0 else np.zeros_like(res.intervened)
@@ -400,14 +486,20 @@ class _HumanTally:
                 self.human_mask = np.zeros((len(self.intervened), *res.human_mask.shape), bool)
             self.human_mask[t] = res.human_mask
         if res.applied_actions is not None:
-            applied = np.asarray(res.applied_actions, actions.dtype).reshape(actions[t].shape)
-            changed = ~np.isclose(applied, np.clip(actions[t], -1.0, 1.0)).reshape(len(applied), -1).all(-1)
-            actions[t][changed] = applied[changed]
+            applied = np.asarray(res.applied_actions, actions.dtype).reshape(actions.shape)
+            changed = ~np.isclose(applied, np.clip(actions, -1.0, 1.0)).reshape(len(applied), -1).all(-1)
+            actions[changed] = applied[changed]
         self.episode_intervened += res.episode_intervened
         if len(res.successes) == len(res.episode_intervened):
             self.clean_successes += [
                 s * (not iv) for s, iv in zip(res.successes, res.episode_intervened, strict=True)
             ]
+
+    @staticmethod
+    def per_decision(flags: np.ndarray, chunk: int) -> np.ndarray:
+        """``[T, N]`` step flags to ``[T // chunk, N]``: set where any step of the decision's chunk has it."""
+        T, N = flags.shape
+        return flags if chunk == 1 else flags.reshape(T // chunk, chunk, N).any(1)
 
     def summary(self) -> dict[str, Any]:
         if not self.active:
@@ -452,10 +544,9 @@ class RolloutWorker(Worker):
         """The version of the weights this worker acts with (-1: its initial ones)."""
         return self.server.version
 
-    def serve(self, num_steps: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel,
-              value_round: bool = True) -> dict[str, Any]:  # fmt: skip
-        """Answer ``num_steps`` observation rounds from ``env_ranks`` (+1 values-only round if ``value_round``)."""
-        for _ in range(num_steps + int(value_round)):
+    def serve(self, rounds: int, env_ranks: list[int], obs_ch: Channel, act_ch: Channel) -> dict[str, Any]:
+        """Answer ``rounds`` observation rounds from ``env_ranks`` (a rollout's: :func:`rollout_rounds`)."""
+        for _ in range(rounds):
             # No timeout: an env may wait in its reset for as long as an e-stop is held. A failed or lost
             # worker makes the controller abort the rollout, and the abort message wakes this read.
             msgs = obs_ch.get_batch(env_ranks, timeout=None, as_torch=False)

@@ -11,6 +11,7 @@ import uuid
 import numpy as np
 import pytest
 import torch
+from rlinf_nb.runtime.workers import answered_at_once
 
 from rlinf_nb.algorithms.chunks import aggregate_chunks, check_chunk_steps
 from rlinf_nb.config import ConfigError, build
@@ -108,6 +109,14 @@ def test_config_refuses_chunks_that_cannot_run():
         _run_cfg(policy={"chunk": 0})
 
 
+def test_config_refuses_a_prefetch_that_is_not_shorter_than_the_chunk():
+    assert _run_cfg(policy={"chunk": 4, "chunk_prefetch": 3}).policy.chunk_prefetch == 3
+    with pytest.raises(ConfigError, match=r"policy\.chunk_prefetch: got 4; must be < policy\.chunk \(4\)"):
+        _run_cfg(policy={"chunk": 4, "chunk_prefetch": 4})
+    with pytest.raises(ConfigError, match=r"policy\.chunk_prefetch: got 1.*needs action chunks"):
+        _run_cfg(policy={"chunk": 1, "chunk_prefetch": 1})
+
+
 # ----------------------------------------------------------------------------- the workers, in process
 
 
@@ -150,7 +159,7 @@ def _run(env, rollout, T, chunk):
         return rollout.infer(msg)
 
     steps_before = env.steps
-    env._rollout(T, ask, sink, None, False, chunk=chunk)
+    env._rollout(T, answered_at_once(ask), sink, None, False, chunk=chunk)
     return asks, sink.item, env.steps - steps_before
 
 
@@ -205,6 +214,68 @@ def test_chunked_time_limit_mid_chunk_bootstraps_the_final_obs_and_drops_the_new
     # The next decision sees the env's current obs: the new episode after the chunk's last action.
     np.testing.assert_array_equal(b["obs"][d + 1], log[200][1].obs)
     assert asks[d + 1]["final_mask"].all()
+
+
+def _run_prefetched(env, rollout, T, chunk, prefetch, log):
+    """A rollout with ``prefetch``; also returns how many env steps had run when each message was sent."""
+    asks, sent_after, sink = [], [], _Sink()
+
+    def ask(msg):
+        asks.append(msg)
+        sent_after.append(len(log))
+        return rollout.infer(msg)
+
+    out = env._rollout(T, answered_at_once(ask), sink, None, False, chunk=chunk, prefetch=prefetch)
+    return asks, sent_after, sink.item, out
+
+
+def test_prefetched_chunks_are_asked_for_early_and_run_back_to_back():
+    """Real-time chunking: decision ``d >= 1`` is asked for ``p`` steps before decision ``d - 1``'s chunk
+    runs out, with the observation of that moment; the chunks still run whole and back to back."""
+    k, p, T, N = 4, 2, 96, 3
+    env, rollout = _workers("CartPole-v1", N, k)
+    log = _spy_steps(env)
+    asks, sent_after, item, out = _run_prefetched(env, rollout, T, k, p, log)
+    b, D = item["batch"], T // k
+    assert [m["value_only"] for m in asks] == [False] * D + [True, True]  # decisions, two values-only rounds
+    assert sent_after == [0] + [d * k - p for d in range(1, D)] + [T, T]
+    applied = np.stack([a for a, _ in log])  # [T, N]
+    np.testing.assert_array_equal(applied.reshape(D, k, N), b["actions"].transpose(0, 2, 1))
+    np.testing.assert_array_equal(np.stack([m["obs"] for m in asks[:D]]), b["obs"])
+    seen = np.stack([log[d * k - p - 1][1].obs for d in range(1, D)])  # the obs after env step d * k - p - 1
+    np.testing.assert_array_equal(b["obs"][1:], seen)
+    # Credit is per chunk window, as without prefetching.
+    step_done = np.stack([r.terminated | r.truncated for _, r in log])  # [T, N]
+    by_chunk = step_done.reshape(D, k, N)
+    first_end = np.where(by_chunk.any(1), by_chunk.argmax(1), k - 1)
+    np.testing.assert_array_equal(b["rewards"], (first_end + 1).astype(np.float32))
+    np.testing.assert_array_equal(b["dones"], by_chunk.any(1))
+    # A chunk asked for before its env's episode ended (in the p steps before it started) is stale.
+    stale = sum(int(step_done[d * k - p : d * k].any(0).sum()) for d in range(1, D))
+    assert out["stale_chunks"] == stale > 0
+
+
+@pytest.mark.parametrize("T", [210, 204, 201])
+def test_prefetched_chunks_bootstrap_a_time_limit_from_a_later_message(T):
+    """Pendulum's time limit at env step 199 (step 1 of decision 66, chunks of 3) falls after decision 67
+    was asked for (at step 199 with p = 2): its final obs travels with the next message, which is decision
+    68's ask (T = 210) or the first values-only round (T = 204: decision 66 is the second to last; T = 201:
+    the last)."""
+    k, p, N = 3, 2, 2
+    env, rollout = _workers("Pendulum-v1", N, k, seed=1)
+    log = _spy_steps(env)
+    asks, sent_after, item, _ = _run_prefetched(env, rollout, T, k, p, log)
+    b, d = item["batch"], 199 // k
+    assert b["dones"][d].all() and b["truncated"][d].all() and b["truncated"].sum() == N
+    carrier = min(68, T // k)  # decision 68's ask, or the first values-only round
+    assert [i for i, m in enumerate(asks) if m["final_mask"] is not None] == [carrier]
+    assert sent_after[carrier] >= 200 and asks[carrier]["final_mask"].all()
+    final_obs = log[199][1].final_obs
+    np.testing.assert_array_equal(asks[carrier]["final_obs"], final_obs)
+    with torch.no_grad():
+        want = rollout.policy.value(torch.as_tensor(final_obs)).numpy()
+    np.testing.assert_allclose(b["bootstrap_values"][d], want, rtol=1e-5)
+    assert np.all(b["bootstrap_values"][np.arange(T // k) != d] == 0)
 
 
 def test_chunk_of_1_batch_equals_a_plain_step_loop():
@@ -262,15 +333,33 @@ def test_grpo_advantages_and_update_take_a_chunked_batch():
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.actor_parameters(), strict=True))
 
 
+def test_chunks_run_on_a_robot_env_and_store_each_steps_applied_action_in_its_slot():
+    """A robot env reports each step's applied action (after its safety limits; a rollout of chunks failed on
+    it before): with chunks it is checked against the chunk's slot for that step, and the intervention flags
+    come per decision."""
+    k, T = 4, 16
+    env, rollout = _workers("robot:mock_arm/reach", 1, k, env_kwargs={"max_steps": 10})
+    log = _spy_steps(env)
+    _, item, _ = _run(env, rollout, T, k)
+    b = item["batch"]
+    assert b["actions"].shape[:3] == (T // k, 1, k) and b["intervened"].shape == (T // k, 1)
+    assert not b["intervened"].any()
+    stored = b["actions"].transpose(0, 2, 1, 3).reshape(T, 1, -1)  # [D, N, k, A] -> [T, N, A]
+    for t, (sent, res) in enumerate(log):
+        applied = np.asarray(res.applied_actions, np.float32).reshape(sent.shape)
+        want = np.where(np.isclose(applied, np.clip(sent, -1, 1)).all(-1, keepdims=True), sent, applied)
+        np.testing.assert_allclose(stored[t], want, rtol=1e-6, err_msg=f"step {t}")
+
+
 def test_chunks_refuse_off_policy_collection_and_a_human_in_the_loop():
     env, rollout = _workers("CartPole-v1", 2, 2)
     with pytest.raises(ValueError, match="off-policy"):
-        env._rollout(4, rollout.infer, _Sink(), None, True, chunk=2)
+        env._rollout(4, answered_at_once(rollout.infer), _Sink(), None, True, chunk=2)
     with pytest.raises(ValueError, match="num_steps: got 5 env steps"):
-        env._rollout(5, rollout.infer, _Sink(), None, False, chunk=2)
+        env._rollout(5, answered_at_once(rollout.infer), _Sink(), None, False, chunk=2)
     human_env, human_rollout = _workers("robot:mock_arm/reach", 1, 2, env_kwargs={"human": {"teleop": None}})
     with pytest.raises(ValueError, match="human in the loop"):
-        human_env._rollout(4, human_rollout.infer, _Sink(), None, False, chunk=2)
+        human_env._rollout(4, answered_at_once(human_rollout.infer), _Sink(), None, False, chunk=2)
 
 
 # ----------------------------------------------------------------------------- runs on the cluster
@@ -304,6 +393,38 @@ def test_ppo_run_with_chunks_through_the_channels_stores_decisions():
 
 
 @pytest.mark.usefixtures("attached")
+@pytest.mark.parametrize("mode", ["channel", "direct", "colocated"])
+def test_ppo_run_with_prefetched_chunks_on_every_rollout_path(mode):
+    """``policy.chunk_prefetch`` on each env -> rollout path (direct over a linked request/reply path): the
+    run trains on whole chunks and reports how many started from an earlier episode's observation."""
+    import rlinf_nb as rl
+
+    T, N, updates = 32, 4, 2
+    links = {
+        "obs": {"latency": {"kind": "constant", "ms": 2}},
+        "actions": {"latency": {"kind": "constant", "ms": 2}},
+    }
+    run = rl.launch({
+        "algorithm": "ppo", "seed": 0, "env": {"id": "CartPole-v1", "num_envs": N},
+        "algo": {"rollout_steps": T, "epochs": 1, "minibatch_size": 16},
+        "policy": {"kwargs": {"hidden_sizes": [16]}, "chunk": 4, "chunk_prefetch": 2},
+        "placement": {"env_to_rollout": mode, **({"links": links} if mode == "direct" else {})},
+        "budget": {"total_env_steps": T * N * updates, "stop_metric": None, "stop_value": None},
+        "checkpoint": {"every": 0}, "linger_s": 30,
+    }, name=_unique(f"prefetch_{mode}"))  # fmt: skip
+    st = run.wait(timeout=600, progress=False)
+    assert st["state"] == "finished", st["error"]
+    df = run.metrics()
+    assert df["env_steps"].tolist() == [T * N, 2 * T * N]
+    assert df["stale_chunk_rate"].between(0, 1).all() and df["stale_chunk_rate"].max() > 0
+    if mode == "direct":
+        assert df["link_delay_ms/obs"].iloc[-1] == pytest.approx(2.0, abs=1e-3)
+    b = run.batch().to_local(["actions", "rewards", "advantages"])
+    assert b["actions"].shape == (T // 4, N, 4) and b["advantages"].shape == (T // 4, N)
+    assert set(np.unique(b["rewards"])) <= {1.0, 2.0, 3.0, 4.0} and (b["rewards"] == 4.0).any()
+
+
+@pytest.mark.usefixtures("attached")
 def test_ppo_with_2_action_chunks_solves_cartpole():
     """Open-loop pairs of actions still balance the pole: mean return of the last 20 episodes >= 475.
 
@@ -321,6 +442,23 @@ def test_ppo_with_2_action_chunks_solves_cartpole():
     assert df["episode_return_mean"].iloc[-1] >= 475, df.tail()
     assert df["env_steps"].iloc[-1] < 150_000  # stopped by the metric, not the budget
     assert df["env_steps"].iloc[0] == 64 * 8  # env steps, not decisions
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("attached")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ppo_with_prefetched_chunks_solves_cartpole(seed):
+    """Chunks of 4 asked for 2 steps early (each chunk's first action acts on a 2-step-old observation)
+    still balance the pole: mean return of the last 20 episodes >= 475."""
+    import rlinf_nb as rl
+
+    run = rl.launch("ppo_cartpole", name=_unique("prefetch_solve"), seed=seed, policy__chunk=4,
+                    policy__chunk_prefetch=2, algo__rollout_steps=64, budget__total_env_steps=300_000)  # fmt: skip
+    st = run.wait(timeout=1500, progress=False)
+    assert st["state"] == "finished", st["error"]
+    df = run.metrics()
+    assert df["episode_return_mean"].iloc[-1] >= 475, df.tail()
+    assert df["env_steps"].iloc[-1] < 300_000  # stopped by the metric, not the budget
 
 
 @pytest.mark.usefixtures("attached")
@@ -366,11 +504,13 @@ def test_off_policy_rollouts_ask_for_no_state_values_and_run_no_critic():
         asks.append(msg)
         return rollout.infer(msg)
 
-    env._rollout(6, ask, sink, None, True)  # off-policy transitions
+    env._rollout(6, answered_at_once(ask), sink, None, True)  # off-policy transitions
     assert len(asks) == 6 and not any(m["with_values"] for m in asks)
     assert "values" not in sink.item["batch"] and sink.item["batch"]["actions"].shape == (6, 2)
     assert critic_calls == []
     asks.clear()
-    env._rollout(6, ask, sink, None, False)  # on-policy: values per decision, then the values-only round
+    env._rollout(
+        6, answered_at_once(ask), sink, None, False
+    )  # on-policy: values per decision, then values only
     assert all(m["with_values"] for m in asks) and len(asks) == 7
     assert sink.item["batch"]["values"].shape == (6, 2) and len(critic_calls) == 7

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from rlinf_nb.runtime.workers import answered_at_once
 
 from rlinf_nb import tree
 from rlinf_nb.algorithms import functional as F
@@ -140,7 +141,7 @@ def test_rollout_stores_dict_obs_uint8_and_bootstraps_from_final_dict_obs(worker
 
     sink = _Sink()
     env.reset()
-    out = env._rollout(8, ask, sink, None, False)
+    out = env._rollout(8, answered_at_once(ask), sink, None, False)
     assert out == {"env_steps": 16, "episodes": 2, "incarnation": env.incarnation}
     b = sink.item["batch"]
     assert b["obs"]["cams/front"].shape == (8, 2, 64, 64, 3) and b["obs"]["cams/front"].dtype == np.uint8
@@ -160,7 +161,7 @@ def test_rollout_stores_dict_obs_uint8_and_bootstraps_from_final_dict_obs(worker
     try:
         sink2 = _Sink()
         env.reset()
-        env._rollout(6, rollout.infer, sink2, None, True)
+        env._rollout(6, answered_at_once(rollout.infer), sink2, None, True)
     finally:
         del env.env.step
     nxt, obs = sink2.item["batch"]["next_obs"], sink2.item["batch"]["obs"]
@@ -188,7 +189,7 @@ def _robot_obs(rollout, n):
 def _ppo_batch(env, rollout):
     sink = _Sink()
     env.reset()
-    env._rollout(8, rollout.infer, sink, None, False)
+    env._rollout(8, answered_at_once(rollout.infer), sink, None, False)
     return sink.item["batch"]
 
 
@@ -235,7 +236,7 @@ def test_sac_learner_trains_on_the_env_workers_dict_transitions(workers):
     env, rollout = workers
     sink = _Sink()
     env.reset()
-    env._rollout(8, rollout.infer, sink, None, True)
+    env._rollout(8, answered_at_once(rollout.infer), sink, None, True)
     b = sink.item["batch"]
     policy = make_policy("cnn", rollout.policy.obs_space, rollout.policy.action_space,
                          **{**SMALL_CNN, "action_head": "squashed_gaussian"})  # fmt: skip

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from rlinf_nb.runtime.controller import RunControllerImpl
-from rlinf_nb.runtime.workers import EnvWorker
+from rlinf_nb.runtime.workers import EnvWorker, answered_at_once
 
 from rlinf_nb.algorithms.grpo import GRPOConfig, group_reset_seeds, group_rollout_stage
 from rlinf_nb.algorithms.registry import get_algorithm
@@ -56,7 +56,7 @@ def _first_obs(worker: EnvWorker, steps: int = 3) -> np.ndarray:
                 "values": np.zeros(n, np.float32), "version": np.zeros(n, np.int64), "bootstrap_values": None}  # fmt: skip
 
     traj = SimpleNamespace(put=lambda key, item, **kw: published.update(item))
-    worker._rollout(steps, ask, traj, None, transitions=False)
+    worker._rollout(steps, answered_at_once(ask), traj, None, transitions=False)
     return published["batch"]["obs"]
 
 

@@ -60,25 +60,52 @@ def test_active_links_and_their_description():
     assert not link_enabled(ChannelLink()) and link_enabled(build(ChannelLink, {"bandwidth_bytes_s": 10}))
 
 
-def test_direct_link_waits_out_request_and_reply_and_leaves_the_data_alone():
-    """Constant 30 ms each way plus 1000 bytes at 100 kB/s (10 ms) on the reply: the recorded delays
-    are the link's own maths, the reply is what ``fn`` returned."""
-    import time
-
-    link = DirectLink(
+def _direct_link():
+    """Constant 30 ms each way plus 1000 bytes at 100 kB/s (10 ms) on the reply."""
+    return DirectLink(
         {"obs": {"latency": {"kind": "constant", "ms": 30}},
          "actions": {"latency": {"kind": "constant", "ms": 30}, "bandwidth_bytes_s": 1e5}},
         rank=0,
     )  # fmt: skip
+
+
+def test_direct_link_waits_out_request_service_and_reply_and_leaves_the_data_alone():
+    """The reply is handed over no sooner than the request's 30 ms, the policy's 20 ms of service and the
+    reply's 30 + 10 ms; the recorded delays are the link's own maths, the reply is what the policy sent."""
+    import time
+
+    link = _direct_link()
     reply = {"actions": np.arange(250, dtype=np.float32)}  # 1000 bytes
     t0 = time.monotonic()
-    out = link.call(lambda msg: reply, {"obs": np.zeros(4, np.float32)})
+    out = link.submit(lambda msg: lambda: (reply, 0.020), {"obs": np.zeros(4, np.float32)})()
     assert out is reply
-    assert time.monotonic() - t0 >= 0.030 + 0.040  # a lower bound: both deliveries were waited out
+    assert time.monotonic() - t0 >= 0.030 + 0.020 + 0.040  # a lower bound: every part was waited out
     delays = link.take_delays()
     assert delays["obs"][0] == pytest.approx(0.030) and delays["obs"][1] == 1
     assert delays["actions"][0] == pytest.approx(0.040) and delays["actions"][1] == 1
     assert link.take_delays() == {}
+
+
+def test_direct_link_submit_starts_the_request_at_once_and_waits_only_when_asked(monkeypatch):
+    """A prefetched request reaches the policy straight away (its link delay is simulated, not slept), and
+    nothing sleeps until the reply is asked for: the env keeps stepping meanwhile."""
+    import time
+
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: (sleeps.append(s), real_sleep(s)))
+    link = _direct_link()
+    started = []
+
+    def start(msg):
+        started.append(msg)
+        return lambda: ({"actions": np.zeros(250, np.float32)}, 0.0)
+
+    receive = link.submit(start, {"obs": np.zeros(4, np.float32)})
+    assert len(started) == 1 and sleeps == []  # sent, and nothing slept yet
+    assert link.take_delays()["obs"][0] == pytest.approx(0.030)
+    receive()
+    assert sleeps and sum(sleeps) <= 0.030 + 0.040 + 0.01  # the rest of the round trip, once
 
 
 def delays_drawn(link, n: int = 20) -> np.ndarray:
