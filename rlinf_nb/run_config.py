@@ -205,11 +205,12 @@ class PolicyConfig:
                 "inference", self.inference, f"policy {self.name!r} has no numpy copy (only 'mlp' has); use auto or torch"
             )  # fmt: skip
         if self.chunk_prefetch and self.chunk_prefetch >= self.chunk:
-            raise ConfigError(
-                "chunk_prefetch", self.chunk_prefetch,
-                f"must be < policy.chunk ({self.chunk}): the next chunk is asked for that many steps before "
-                "the current one runs out" + (" (prefetching needs action chunks: policy.chunk > 1)" if self.chunk == 1 else ""),
+            why = "prefetching needs action chunks: policy.chunk > 1" if self.chunk == 1 else (
+                "the next chunk is asked for that many steps before the current one runs out"
             )  # fmt: skip
+            raise ConfigError(
+                "chunk_prefetch", self.chunk_prefetch, f"must be < policy.chunk ({self.chunk}): {why}"
+            )
         if "chunk" in self.kwargs:
             raise ConfigError(
                 "kwargs.chunk", self.kwargs["chunk"],
