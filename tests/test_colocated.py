@@ -264,17 +264,21 @@ def test_a_restarted_rollout_worker_gets_the_synced_weights_before_it_acts_again
     assert len(resent) == 1 and resent.iloc[0]["version"] == 1
 
 
-@pytest.mark.parametrize("mode", ["direct", "channel"])
-def test_a_rollout_worker_killed_mid_rollout_is_restarted_and_the_rollout_repeated(mode):
+@pytest.mark.parametrize("mode,prefetch", [("direct", 0), ("channel", 0), ("direct", 2), ("channel", 2)])
+def test_a_rollout_worker_killed_mid_rollout_is_restarted_and_the_rollout_repeated(mode, prefetch):
     """SIGKILL the rollout worker while env workers wait for its actions. In direct mode the env workers
     report the lost peer, in channel mode the rollout worker's own call fails. The controller waits for
     Ray's restart, resets the envs, sends the synced weights again and repeats the rollout: the run goes
-    on, every action from synced weights."""
+    on, every action from synced weights. With ``prefetch`` (chunks of 4 asked for 2 steps early) the env
+    workers have a request in flight when it dies."""
     import rlinf_nb as rl
 
-    steps = 2000  # one direct call per env step: seconds of rollout, so the kill lands inside it
+    chunk = 4 if prefetch else 1
+    steps = 2000 * chunk  # one call per decision: seconds of rollout, so the kill lands inside it
+    policy = {"name": "mlp", "kwargs": {"hidden_sizes": [16]}, "chunk": chunk, "chunk_prefetch": prefetch}
     cfg = small_ppo(mode, algo={"rollout_steps": steps, "epochs": 1, "minibatch_size": steps * N},
-                    budget={"total_env_steps": 10**7, "stop_metric": None, "stop_value": None})  # fmt: skip
+                    budget={"total_env_steps": 10**7, "stop_metric": None, "stop_value": None},
+                    policy=policy)  # fmt: skip
     run = rl.launch(cfg, name=f"roll_midkill_{uuid.uuid4().hex[:6]}", paused=True)
     (worker,) = run.health()["groups"]["rollout"]
     stepped: dict = {}
@@ -293,7 +297,9 @@ def test_a_rollout_worker_killed_mid_rollout_is_restarted_and_the_rollout_repeat
     run.stop()
     assert alive, status.get("error")
     assert stepped.get("stage") == "rollout" and status["env_steps"] == steps * N  # the repeated rollout only
-    assert versions.shape == (steps, N) and (versions == 0).all(), np.unique(versions)  # synced at setup
+    assert versions.shape == (steps // chunk, N) and (versions == 0).all(), np.unique(
+        versions
+    )  # synced at setup
     recoveries = events[(events["kind"] == "recovery") & (events["group"] == "rollout")]
     assert list(recoveries["action"]) == ["restarted", "weights_resent"], recoveries
 
