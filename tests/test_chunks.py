@@ -395,8 +395,9 @@ def test_ppo_run_with_chunks_through_the_channels_stores_decisions():
 @pytest.mark.usefixtures("attached")
 @pytest.mark.parametrize("mode", ["channel", "direct", "colocated"])
 def test_ppo_run_with_prefetched_chunks_on_every_rollout_path(mode):
-    """``policy.chunk_prefetch`` on each env -> rollout path (direct over a linked request/reply path): the
-    run trains on whole chunks and reports how many started from an earlier episode's observation."""
+    """``policy.chunk_prefetch`` on each env -> rollout path (direct over a linked request/reply path, channel
+    with compressed observations): the run trains on whole chunks and reports how many started from an
+    earlier episode's observation."""
     import rlinf_nb as rl
 
     T, N, updates = 32, 4, 2
@@ -411,6 +412,7 @@ def test_ppo_run_with_prefetched_chunks_on_every_rollout_path(mode):
         "placement": {"env_to_rollout": mode, **({"links": links} if mode == "direct" else {})},
         "budget": {"total_env_steps": T * N * updates, "stop_metric": None, "stop_value": None},
         "checkpoint": {"every": 0}, "linger_s": 30,
+        **({"compression": {"obs": {"enabled": True, "min_bytes": 0}}} if mode == "channel" else {}),
     }, name=_unique(f"prefetch_{mode}"))  # fmt: skip
     st = run.wait(timeout=600, progress=False)
     assert st["state"] == "finished", st["error"]
@@ -419,6 +421,8 @@ def test_ppo_run_with_prefetched_chunks_on_every_rollout_path(mode):
     assert df["stale_chunk_rate"].between(0, 1).all() and df["stale_chunk_rate"].max() > 0
     if mode == "direct":
         assert df["link_delay_ms/obs"].iloc[-1] == pytest.approx(2.0, abs=1e-3)
+    if mode == "channel":
+        assert df["obs_compression"].iloc[-1] > 0
     b = run.batch().to_local(["actions", "rewards", "advantages"])
     assert b["actions"].shape == (T // 4, N, 4) and b["advantages"].shape == (T // 4, N)
     assert set(np.unique(b["rewards"])) <= {1.0, 2.0, 3.0, 4.0} and (b["rewards"] == 4.0).any()
