@@ -264,6 +264,7 @@ def test_a_restarted_rollout_worker_gets_the_synced_weights_before_it_acts_again
     assert len(resent) == 1 and resent.iloc[0]["version"] == 1
 
 
+@pytest.mark.usefixtures("attached")  # without it, run alone, rl.launch starts a cluster nothing stops
 @pytest.mark.parametrize("mode,prefetch", [("direct", 0), ("channel", 0), ("direct", 2), ("channel", 2)])
 def test_a_rollout_worker_killed_mid_rollout_is_restarted_and_the_rollout_repeated(mode, prefetch):
     """SIGKILL the rollout worker while env workers wait for its actions. In direct mode the env workers
