@@ -368,7 +368,8 @@ class EnvWorker(Worker):
             dones[t] = res.terminated | res.truncated
             truncated[t] = res.truncated & ~res.terminated
             terminated[t] = res.terminated
-            asked_ended |= dones[t]
+            if P:
+                asked_ended |= dones[t]
             if transitions:
                 if next_obs is None:
                     next_obs = tree.zeros(res.obs, lead=(T,))
