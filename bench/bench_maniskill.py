@@ -16,7 +16,9 @@ env worker, random actions:
    obs/actions channels, on shared-memory lanes; ``colocated``: the env worker runs the policy); rollout env-steps/s per iteration is
    ``rollout_steps * workers / time/rollout`` (the rollout stage only: env steps plus the
    channel round trips to the rollout worker's policy), median over iterations after the
-   first. The plain loop is measured before and after, and the ratio uses their mean.
+   first. The plain loop is measured before and after, and the ratio uses their mean. With ``--chunk k``
+   (default 8) two more runs use ``policy.chunk: k``, one policy answer per k env steps: ``channel`` with
+   the next chunk asked for k/2 steps early (``policy.chunk_prefetch``), and ``colocated``.
 
 With ``--rgb`` (default on) it also measures the plain and make_env loops with
 ``obs_mode="rgb"`` (128x128 base camera) and prints construction times.
@@ -122,11 +124,15 @@ def make_env_loop(obs_mode: str, seconds: float) -> tuple[float, float]:
     return make_s, rate
 
 
-def cluster_rollout(workers: int, rollout_steps: int, iterations: int, mode: str) -> dict[str, float]:
+def cluster_rollout(
+    workers: int, rollout_steps: int, iterations: int, mode: str, chunk: int = 1, prefetch: int = 0
+) -> dict[str, float]:
     """Rollout env-steps/s of a PPO run on the cluster (median over iterations after the first).
 
     ``mode`` is ``placement.env_to_rollout``: ``direct`` (a rollout worker answers each step), ``channel``
     (the same over the obs/actions channels' lanes) or ``colocated`` (each env worker runs its own policy copy).
+    ``chunk``/``prefetch``: ``policy.chunk`` and ``policy.chunk_prefetch`` (one policy answer per ``chunk``
+    env steps).
     """
     import rlinf_nb as rl
 
@@ -136,13 +142,18 @@ def cluster_rollout(workers: int, rollout_steps: int, iterations: int, mode: str
         "seed": 0,
         "env": {"id": f"maniskill:{ENV_ID}", "num_envs": 1, "kwargs": {"obs_mode": "state"}},
         "algo": {"rollout_steps": rollout_steps, "epochs": 1, "minibatch_size": rollout_steps * workers},
-        "policy": {"name": "mlp", "kwargs": {"hidden_sizes": [256, 256]}},
+        "policy": {
+            "name": "mlp",
+            "kwargs": {"hidden_sizes": [256, 256]},
+            "chunk": chunk,
+            "chunk_prefetch": prefetch,
+        },
         "placement": {"env": {"num_workers": workers}, "env_to_rollout": mode},
         "budget": {"total_env_steps": rollout_steps * workers * iterations},
         "checkpoint": {"every": 0, "keep": 1},
     }
     t0 = time.time()
-    run = rl.launch(cfg, name=f"bench_maniskill_{mode}_{uuid.uuid4().hex[:6]}")
+    run = rl.launch(cfg, name=f"bench_maniskill_{mode}_{chunk}_{uuid.uuid4().hex[:6]}")
     run.wait(timeout=1800, progress=False)
     df = run.metrics()
     if df.empty or "time/rollout" not in df:
@@ -163,6 +174,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each plain-loop measurement")
     parser.add_argument("--rollout-steps", type=int, default=200)
     parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--chunk", type=int, default=8, help="chunk length of the chunked rows (1: none)")
     parser.add_argument("--rgb", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--skip-cluster", action="store_true")
     args = parser.parse_args()
@@ -183,6 +195,12 @@ def main() -> None:
     if not args.skip_cluster:
         for mode in ("direct", "channel", "colocated"):
             cluster[mode] = cluster_rollout(args.workers, args.rollout_steps, args.iterations, mode)
+        if args.chunk > 1:  # one policy answer per chunk; channel: the next chunk asked for halfway
+            for mode, prefetch in (("channel", args.chunk // 2), ("colocated", 0)):
+                what = f"{mode}, {args.chunk}-chunks" + (f", prefetch {prefetch}" if prefetch else "")
+                cluster[what] = cluster_rollout(
+                    args.workers, args.rollout_steps, args.iterations, mode, args.chunk, prefetch
+                )
         make_s, after = plain_loop("state", args.seconds, args.workers)
         rows.append((f"plain env.step loop again, {args.workers} proc", after, make_s))
         for mode, result in cluster.items():

@@ -88,7 +88,8 @@ def test_take_over_one_arm_of_a_bimanual_robot_from_the_page(bimanual_page, run_
         arm_select.select_option(label=RIGHT)
         panel.locator("button", has_text="Take over").last.click()
         _wait(lambda: _arms(run) == {LEFT: "agent", RIGHT: "human"}, 60, "the right arm in human mode")
-        assert "driving env 0 right/arm" in pad.inner_text()
+        # the page learns the new mode on its next status poll: under load that can come a little later
+        _wait(lambda: "driving env 0 right/arm" in pad.inner_text(), 30, "the pad naming the right arm")
 
         def right_arm_batch():  # a rollout whose human-driven dims carry the E key's action
             b = run.batch().to_local(["human_mask", "actions"])

@@ -63,7 +63,7 @@ def test_a_bc_run_reports_recording_its_dataset_while_launch_shows_a_bar(attache
     seed = random.randrange(10_000, 10**9)  # a dataset no earlier run recorded: this run records it
     launched = []  # rl.launch returns once setup is over: it runs in a thread while this one watches
     launcher = threading.Thread(target=lambda: launched.append(rl.launch(
-        "bc_pushcube", name=name, seed=seed, algo__dataset="scripted:100", budget__total_env_steps=400,
+        "bc_pushcube", name=name, seed=seed, algo__dataset="scripted:30", budget__total_env_steps=400,
     )))  # fmt: skip
     launcher.start()
     seen, deadline = [], time.time() + 300
@@ -79,12 +79,12 @@ def test_a_bc_run_reports_recording_its_dataset_while_launch_shows_a_bar(attache
     launcher.join(timeout=60)
     assert launched, "rl.launch did not return"
     assert seen, "no setup progress was reported while the dataset was recorded"
-    assert {s["task"] for s in seen} == {"recording dataset (scripted:100)"}
-    assert {s["total"] for s in seen} == {100}
+    assert {s["task"] for s in seen} == {"recording dataset (scripted:30)"}
+    assert {s["total"] for s in seen} == {30}
     done = [s["done"] for s in seen]
-    assert done == sorted(done) and 1 <= done[0] and done[-1] <= 100
-    assert f"{name}: recording dataset (scripted:100)" in capsys.readouterr().err  # launch's progress bar
+    assert done == sorted(done) and 1 <= done[0] and done[-1] <= 30
+    assert f"{name}: recording dataset (scripted:30)" in capsys.readouterr().err  # launch's progress bar
     run = launched[0]
     run.wait(timeout=300, progress=False)
     assert run.status()["setup"] is None
-    assert run.events().query("kind == 'dataset'").iloc[0]["episodes"] == 100
+    assert run.events().query("kind == 'dataset'").iloc[0]["episodes"] == 30
