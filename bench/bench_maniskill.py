@@ -212,9 +212,10 @@ def main() -> None:
                 )
             )
 
-    print(f"\n{'what':<44}{'env-steps/s':>12}{'make s':>9}")
+    width = max(len(what) for what, _, _ in rows) + 2  # the chunked rows' labels are the longest
+    print(f"\n{'what':<{width}}{'env-steps/s':>12}{'make s':>9}")
     for what, rate, make in rows:
-        print(f"{what:<44}{rate:>12.1f}{'' if make is None else f'{make:.2f}':>9}")
+        print(f"{what:<{width}}{rate:>12.1f}{'' if make is None else f'{make:.2f}':>9}")
     plain_state = rows[0][1]
     print(f"\nmake_env / plain (state, 1 env) = {ours / (plain_state / args.workers):.2f}")
     plain = (before + after) / 2 if cluster else 0.0
