@@ -16,7 +16,8 @@ env worker, random actions:
    obs/actions channels, on shared-memory lanes; ``colocated``: the env worker runs the policy); rollout env-steps/s per iteration is
    ``rollout_steps * workers / time/rollout`` (the rollout stage only: env steps plus the
    channel round trips to the rollout worker's policy), median over iterations after the
-   first. The plain loop is measured before and after, and the ratio uses their mean. With ``--chunk k``
+   first. Each cluster run sits between two plain loops (``--bracket-seconds``) and its ratio uses their
+   mean; every path runs ``--rounds`` times, and the reported ratio is the median. With ``--chunk k``
    (default 8) two more runs use ``policy.chunk: k``, one policy answer per k env steps: ``channel`` with
    the next chunk asked for k/2 steps early (``policy.chunk_prefetch``), and ``colocated``.
 
@@ -62,9 +63,12 @@ def _plain_worker(args: tuple[str, float, int, Any]) -> tuple[float, float]:
 
 
 def plain_loop(obs_mode: str, seconds: float, workers: int) -> tuple[float, float]:
-    """Total env-steps/s of ``workers`` plain loops running at once, and the mean make time."""
-    if workers == 1:
-        return _plain_worker((obs_mode, seconds, 0, None))
+    """Total env-steps/s of ``workers`` plain loops running at once, and the mean make time.
+
+    Always in fresh processes, as the cluster's env workers are: after ``rl.attach`` the bench's own
+    process also runs Ray's driver threads, which slowed an in-process loop by ~10% (396-440 vs 455-499
+    env-steps/s) and so flattered the cluster's ratio.
+    """
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(workers)
@@ -168,10 +172,35 @@ def cluster_rollout(
     }
 
 
+def bracketed_runs(
+    args: argparse.Namespace, runs: list[tuple[str, str, int, int]]
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]], list[float]]:
+    """Each cluster run bracketed by plain loops: per label, its ratios to the mean of the plain loops
+    measured just before and just after it, over ``args.rounds`` rounds; and every plain-loop rate.
+
+    The box's speed drifts by more than the gaps measured here (300-490 env-steps/s within minutes), so a
+    run is compared with the plain loop of its own minute, not with one measured minutes earlier.
+    """
+    ratios: dict[str, list[float]] = {label: [] for label, *_ in runs}
+    results: dict[str, list[dict[str, float]]] = {label: [] for label, *_ in runs}
+    plains = [plain_loop("state", args.bracket_seconds, args.workers)[1]]
+    for _ in range(args.rounds):
+        for label, mode, chunk, prefetch in runs:
+            result = cluster_rollout(args.workers, args.rollout_steps, args.iterations, mode, chunk, prefetch)
+            plains.append(plain_loop("state", args.bracket_seconds, args.workers)[1])
+            ratios[label].append(result["rollout_steps_per_s"] / statistics.mean(plains[-2:]))
+            results[label].append(result)
+    return ratios, results, plains
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1, help="env workers (one env each)")
-    parser.add_argument("--seconds", type=float, default=8.0, help="length of each plain-loop measurement")
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each loop measurement")
+    parser.add_argument(
+        "--bracket-seconds", type=float, default=5.0, help="length of the plain loops between cluster runs"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="cluster runs per rollout path")
     parser.add_argument("--rollout-steps", type=int, default=200)
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--chunk", type=int, default=8, help="chunk length of the chunked rows (1: none)")
@@ -180,8 +209,8 @@ def main() -> None:
     args = parser.parse_args()
 
     rows: list[tuple[str, float, float | None]] = []
-    make_s, before = plain_loop("state", args.seconds, args.workers)
-    rows.append((f"plain env.step loop, state, {args.workers} proc", before, make_s))
+    make_s, plain_state = plain_loop("state", args.seconds, args.workers)
+    rows.append((f"plain env.step loop, state, {args.workers} proc", plain_state, make_s))
     make_s, ours = make_env_loop("state", args.seconds)
     rows.append(("make_env loop, state, 1 env", ours, make_s))
     if args.rgb:
@@ -191,40 +220,33 @@ def main() -> None:
         rows.append(("make_env loop, rgb 128px, 1 env", rate, make_s))
     with_policy = plain_policy_loop(args.seconds)
     rows.append(("plain loop + MLP policy.act, 1 env", with_policy, None))
-    cluster: dict[str, dict[str, float]] = {}
+    ratios: dict[str, list[float]] = {}
+    results: dict[str, list[dict[str, float]]] = {}
     if not args.skip_cluster:
-        for mode in ("direct", "channel", "colocated"):
-            cluster[mode] = cluster_rollout(args.workers, args.rollout_steps, args.iterations, mode)
+        runs = [(mode, mode, 1, 0) for mode in ("direct", "channel", "colocated")]
         if args.chunk > 1:  # one policy answer per chunk; channel: the next chunk asked for halfway
             for mode, prefetch in (("channel", args.chunk // 2), ("colocated", 0)):
-                what = f"{mode}, {args.chunk}-chunks" + (f", prefetch {prefetch}" if prefetch else "")
-                cluster[what] = cluster_rollout(
-                    args.workers, args.rollout_steps, args.iterations, mode, args.chunk, prefetch
-                )
-        make_s, after = plain_loop("state", args.seconds, args.workers)
-        rows.append((f"plain env.step loop again, {args.workers} proc", after, make_s))
-        for mode, result in cluster.items():
-            rows.append(
-                (
-                    f"cluster rollout, {mode}, {args.workers} env worker(s)",
-                    result["rollout_steps_per_s"],
-                    None,
-                )
-            )
+                label = f"{mode}, {args.chunk}-chunks" + (f", prefetch {prefetch}" if prefetch else "")
+                runs.append((label, mode, args.chunk, prefetch))
+        ratios, results, plains = bracketed_runs(args, runs)
+        rows.append((f"plain loops between runs, median of {len(plains)}", statistics.median(plains), None))
+        for label, rs in results.items():
+            rate = statistics.median(r["rollout_steps_per_s"] for r in rs)
+            rows.append((f"cluster rollout, {label}, {args.workers} env worker(s)", rate, None))
 
     width = max(len(what) for what, _, _ in rows) + 2  # the chunked rows' labels are the longest
     print(f"\n{'what':<{width}}{'env-steps/s':>12}{'make s':>9}")
     for what, rate, make in rows:
         print(f"{what:<{width}}{rate:>12.1f}{'' if make is None else f'{make:.2f}':>9}")
-    plain_state = rows[0][1]
     print(f"\nmake_env / plain (state, 1 env) = {ours / (plain_state / args.workers):.2f}")
-    plain = (before + after) / 2 if cluster else 0.0
-    for mode, result in cluster.items():
-        rate = result["rollout_steps_per_s"]
-        print(f"cluster rollout ({mode}) / plain loop = {rate / plain:.2f}  (target >= 0.9); "
-              f"/ plain loop + policy = {rate / with_policy:.2f}")  # fmt: skip
-        print(f"  (whole PPO iteration incl. update: {result['overall_steps_per_s']:.1f} env-steps/s; "
-              f"run {result['seconds']:.0f} s, {result['iterations']} iterations)")  # fmt: skip
+    for label, rs in ratios.items():
+        each = ", ".join(f"{r:.2f}" for r in rs)
+        rate = statistics.median(r["rollout_steps_per_s"] for r in results[label])
+        print(f"cluster rollout ({label}) / plain loop = {statistics.median(rs):.2f}  (target >= 0.9; "
+              f"each run / its bracketing plain loops: {each}); / plain loop + policy = {rate / with_policy:.2f}")  # fmt: skip
+        overall = statistics.median(r["overall_steps_per_s"] for r in results[label])
+        print(f"  (whole PPO iteration incl. update: {overall:.1f} env-steps/s; "
+              f"{len(rs)} runs of {results[label][0]['iterations']} iterations)")  # fmt: skip
 
 
 if __name__ == "__main__":
