@@ -1,6 +1,7 @@
 """ManiSkill PushCube-v1 env-steps/s: a plain ``env.step`` loop vs our rollout through the cluster.
 
-Run: ``.venv/bin/python bench/bench_maniskill.py [--workers 1] [--seconds 8] [--no-rgb] [--skip-cluster]``.
+Run: ``.venv/bin/python bench/bench_maniskill.py [--workers 1] [--seconds 8] [--no-rgb] [--skip-cluster]
+[--modes colocated] [--rounds 5]``.
 
 All in one run, CPU physx (``sim_backend="physx_cpu"``), state observations, one env per
 env worker, random actions:
@@ -206,7 +207,16 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="chunk length of the chunked rows (1: none)")
     parser.add_argument("--rgb", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--skip-cluster", action="store_true")
+    parser.add_argument(
+        "--modes",
+        default="direct,channel,colocated",
+        help="comma-separated placement.env_to_rollout modes of the cluster rows (e.g. colocated)",
+    )
     args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - {"direct", "channel", "colocated"})
+    if unknown:
+        parser.error(f"--modes: got {unknown}; allowed values: direct, channel, colocated")
 
     rows: list[tuple[str, float, float | None]] = []
     make_s, plain_state = plain_loop("state", args.seconds, args.workers)
@@ -223,9 +233,10 @@ def main() -> None:
     ratios: dict[str, list[float]] = {}
     results: dict[str, list[dict[str, float]]] = {}
     if not args.skip_cluster:
-        runs = [(mode, mode, 1, 0) for mode in ("direct", "channel", "colocated")]
+        runs = [(mode, mode, 1, 0) for mode in modes]
         if args.chunk > 1:  # one policy answer per chunk; channel: the next chunk asked for halfway
-            for mode, prefetch in (("channel", args.chunk // 2), ("colocated", 0)):
+            chunked = (("channel", args.chunk // 2), ("colocated", 0))
+            for mode, prefetch in (c for c in chunked if c[0] in modes):
                 label = f"{mode}, {args.chunk}-chunks" + (f", prefetch {prefetch}" if prefetch else "")
                 runs.append((label, mode, args.chunk, prefetch))
         ratios, results, plains = bracketed_runs(args, runs)

@@ -115,6 +115,13 @@ class PlacementConfig:
         "and another on the same Ray node skips the channel actor, item by item "
         "(rlinf_nb.runtime.lanes: ~20x faster per step in channel mode); streams with a link stay brokered",
     )
+    channel_timeout_s: float = param(
+        60.0,
+        doc="how long a put or get on the run's channels waits before the run fails naming the channel and "
+        "key (a lost peer is reported after this long); the reads that wait on purpose, such as an env held "
+        "in its reset by an e-stop, have no timeout",
+        range=(1.0, 86_400.0),
+    )
 
     def validate(self) -> None:
         if self.learner == "controller":

@@ -47,6 +47,18 @@ from .lanes import (
 INLINE_BYTES = 100 * 1024
 MAX_WAITERS = 16  # data calls a channel actor serves at once (each waiting get or put holds a thread)
 MAX_AHEAD_BYTES = 256 << 20  # how far a producer's pipelined puts may run ahead of the channel
+DEFAULT_TIMEOUT_S = 60.0  # a handle's timeout for the calls that pass none (placement.channel_timeout_s)
+
+
+class _HandleDefault:
+    """The ``timeout`` of a call that passes none: the handle's ``default_timeout_s``."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT = _HandleDefault()
+Timeout = float | None | _HandleDefault  # seconds; None: wait for ever; DEFAULT: the handle's default
 
 
 class ChannelTimeout(TimeoutError):
@@ -576,9 +588,12 @@ class Channel:
         inline_bytes: int = INLINE_BYTES,
         max_ahead_bytes: int = MAX_AHEAD_BYTES,
         lanes: bool = False,
+        default_timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ):
-        """``max_ahead_bytes``: payload bytes of pipelined puts this handle may have unaccepted before a put waits."""
+        """``max_ahead_bytes``: payload bytes of pipelined puts this handle may have unaccepted before a put waits.
+        ``default_timeout_s``: the timeout of the puts and gets that pass none (None: wait for ever)."""
         self.name = name
+        self.default_timeout_s = default_timeout_s
         self._actor = actor
         self.inline_bytes = inline_bytes
         self.max_ahead_bytes = max_ahead_bytes
@@ -604,6 +619,7 @@ class Channel:
         max_waiters: int = MAX_WAITERS,
         max_ahead_bytes: int = MAX_AHEAD_BYTES,
         lanes: bool = False,
+        default_timeout_s: float | None = DEFAULT_TIMEOUT_S,
         **options: Any,
     ) -> Channel:
         """Create a channel actor (owned by the caller: it dies with its creator).
@@ -623,6 +639,10 @@ class Channel:
 
         ``lanes``: let keys with one producer actor and one consumer actor on one node become shared-memory
         lanes (``maxsize`` buffers each; see the class docstring). Not with ``drop_oldest`` or ``link``.
+
+        ``default_timeout_s``: how long the puts and gets that pass no ``timeout`` wait before they raise
+        :class:`ChannelTimeout` (handles passed to workers keep it). Calls that must wait for as long as it
+        takes (an env held in its reset by an e-stop) pass ``timeout=None``.
         """
         if maxsize < 1:
             raise ValueError(f"channel {name!r}: maxsize must be >= 1, got {maxsize}")
@@ -641,7 +661,9 @@ class Channel:
         actor = ChannelActor.options(max_concurrency=max_waiters, **options).remote(
             name, maxsize, drop_oldest, link, max_waiters, lanes
         )
-        return cls(name, actor, max_ahead_bytes=max_ahead_bytes, lanes=lanes)
+        return cls(
+            name, actor, max_ahead_bytes=max_ahead_bytes, lanes=lanes, default_timeout_s=default_timeout_s
+        )
 
     def _envelope(self, item: Any) -> _Envelope:
         return self._wrap(*to_wire(item))
@@ -656,7 +678,7 @@ class Channel:
     def _payload(env: _Envelope) -> Any:
         return ray.get(env.ref[0]) if env.ref is not None else env.inline
 
-    def put(self, key: Any, item: Any, timeout: float | None = 60.0, block: bool = True) -> None:
+    def put(self, key: Any, item: Any, timeout: Timeout = DEFAULT, block: bool = True) -> None:
         """Append ``item`` under ``key``; blocks while the key is full (unless drop_oldest).
 
         With ``block=False`` the put is pipelined: it returns at once, and a put that timed out on a full
@@ -666,10 +688,9 @@ class Channel:
         """
         self.put_many([(key, item)], timeout, block)
 
-    def put_many(
-        self, items: list[tuple[Any, Any]], timeout: float | None = 60.0, block: bool = True
-    ) -> None:
+    def put_many(self, items: list[tuple[Any, Any]], timeout: Timeout = DEFAULT, block: bool = True) -> None:
         """Append each ``(key, item)`` in order, in one call to the channel (see :meth:`put`)."""
+        timeout = self._timeout(timeout)
         if self._here is not None:
             wired = self._put_on_lanes(items, timeout)
             if not wired:
@@ -751,18 +772,19 @@ class Channel:
         if self._writers or self._readers:
             ray.get(self._report_lanes(force=True))
 
-    def put_async(self, key: Any, item: Any, timeout: float | None = 60.0) -> ray.ObjectRef:
+    def put_async(self, key: Any, item: Any, timeout: Timeout = DEFAULT) -> ray.ObjectRef:
         """One put as its own call, returning its future (``True`` when accepted).
 
         Not ordered with this handle's pipelined puts: for out-of-band messages (a rollout abort).
         """
-        return self._actor.put.remote(key, self._envelope(item), timeout)
+        return self._actor.put.remote(key, self._envelope(item), self._timeout(timeout))
 
-    def get(self, key: Any, timeout: float | None = 60.0, as_torch: bool = True) -> Any:
+    def get(self, key: Any, timeout: Timeout = DEFAULT, as_torch: bool = True) -> Any:
         return self.get_batch([key], timeout, as_torch)[0]
 
-    def get_batch(self, keys: list, timeout: float | None = 60.0, as_torch: bool = True) -> list[Any]:
+    def get_batch(self, keys: list, timeout: Timeout = DEFAULT, as_torch: bool = True) -> list[Any]:
         """One item from each of ``keys`` (waits until all have one)."""
+        timeout = self._timeout(timeout)
         if self._here is not None:
             return [from_wire(p, as_torch) for p in self._get_batch_with_lanes(list(keys), timeout)]
         envs = ray.get(self._actor.get_batch.remote(list(keys), timeout))
@@ -820,12 +842,13 @@ class Channel:
         return payload
 
     def get_many(
-        self, key: Any, max_items: int = 64, timeout: float | None = 60.0, as_torch: bool = True
+        self, key: Any, max_items: int = 64, timeout: Timeout = DEFAULT, as_torch: bool = True
     ) -> list[Any]:
         """Everything queued under ``key`` (at most ``max_items``), waiting for at least one item.
 
         One round trip for a burst of items: the consumer-side batch get for one stream.
         """
+        timeout = self._timeout(timeout)
         if self._here is not None:
             return [from_wire(p, as_torch) for p in self._get_many_with_lanes(key, max_items, timeout)]
         envs = ray.get(self._actor.get_many.remote(key, max_items, timeout))
@@ -891,8 +914,22 @@ class Channel:
     def kill(self) -> None:
         ray.kill(self._actor)
 
+    def _timeout(self, timeout: Timeout) -> float | None:
+        """A call's ``timeout``, this handle's ``default_timeout_s`` where the call passed none."""
+        return self.default_timeout_s if timeout is DEFAULT else timeout
+
     def __reduce__(self):
-        return (Channel, (self.name, self._actor, self.inline_bytes, self.max_ahead_bytes, self.lanes))
+        return (
+            Channel,
+            (
+                self.name,
+                self._actor,
+                self.inline_bytes,
+                self.max_ahead_bytes,
+                self.lanes,
+                self.default_timeout_s,
+            ),
+        )
 
 
 def _left(deadline: float | None) -> float | None:

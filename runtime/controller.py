@@ -31,7 +31,7 @@ from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm, instal
 from rlinf_nb.config import ConfigError, build, deep_merge, to_dict
 from rlinf_nb.run_config import PlacementConfig, RunConfig, live_params, resolve_key
 
-from .channel import MAX_WAITERS, Channel
+from .channel import DEFAULT, MAX_WAITERS, Channel
 from .links import LinkDelays
 from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
@@ -273,14 +273,15 @@ class RunControllerImpl:
         channels = {
             name: Channel.create(
                 f"{self.name}/{name}", 2, link=links.channel_link(name), max_waiters=waiters,
-                lanes=p.lanes and links.channel_link(name) is None,
+                lanes=p.lanes and links.channel_link(name) is None, default_timeout_s=p.channel_timeout_s,
             )
             for name in (*per_step, "trajectories")
         }  # fmt: skip
         if render_every:
             channels["frames"] = Channel.create(
-                f"{self.name}/frames", 1, drop_oldest=True, max_waiters=waiters
-            )
+                f"{self.name}/frames", 1, drop_oldest=True, max_waiters=waiters,
+                default_timeout_s=p.channel_timeout_s,
+            )  # fmt: skip
         return channels
 
     def setup(self) -> None:
@@ -585,7 +586,7 @@ class RunControllerImpl:
         n_env = len(self.groups["env"])
         # Every env worker has put its segment (a blocking put) before its rollout returned: only a linked
         # stream holds it back, until its simulated delivery time, however long the link's latency is.
-        wait = None if "trajectories" in self.link_streams else 60
+        wait = None if "trajectories" in self.link_streams else DEFAULT  # placement.channel_timeout_s
         trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=wait, as_torch=False)
         if self.link_streams:
             self._measure_links(env_results)

@@ -190,3 +190,36 @@ def test_bad_channel_sizes_are_refused(attached):
         Channel.create("test/bad", max_waiters=1)
     with pytest.raises(ValueError, match="maxsize must be >= 1, got 0"):
         Channel.create("test/bad", maxsize=0)
+
+
+def test_a_handles_default_timeout_applies_where_no_timeout_is_passed_also_in_a_worker(attached):
+    """``default_timeout_s`` is what a put or get waits when it passes no timeout; a handle passed to a
+    worker keeps it, and ``timeout=None`` still waits for the item."""
+    import ray
+
+    ch = Channel.create("test/default_timeout", maxsize=1, default_timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ChannelTimeout, match="within 0.5 s"):
+            ch.get("empty")
+        assert time.monotonic() - t0 < 30
+        ch.put("full", 1)
+        with pytest.raises(ChannelTimeout, match="stayed full for 0.5 s"):
+            ch.put("full", 2)
+
+        @ray.remote(num_cpus=0)
+        def read(handle: Channel, key: str, timeout: str) -> str:
+            try:
+                got = handle.get(key) if timeout == "default" else handle.get(key, timeout=None)
+            except ChannelTimeout as exc:
+                return f"timeout: {exc}"
+            return f"got {got}"
+
+        # within 30 s, so not the 60 s default: the worker's handle kept the 0.5 s
+        assert "within 0.5 s" in ray.get(read.remote(ch, "empty", "default"), timeout=30)
+        waiting = read.remote(ch, "later", "none")  # no timeout: waits past the handle's 0.5 s
+        time.sleep(2.0)
+        ch.put("later", 7)
+        assert ray.get(waiting, timeout=60) == "got 7"
+    finally:
+        ch.kill()

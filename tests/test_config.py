@@ -31,6 +31,14 @@ def test_out_of_range_value_names_the_range():
     assert "[0.0, 1.0]" in str(exc.value)
 
 
+def test_a_channel_timeout_under_a_second_is_refused_naming_the_key():
+    with pytest.raises(ConfigError) as exc:
+        resolve_config("ppo_cartpole", placement__channel_timeout_s=0)
+    assert exc.value.key_path == "placement.channel_timeout_s" and exc.value.value == 0
+    assert "[1.0, 86400.0]" in str(exc.value)
+    assert resolve_config("ppo_cartpole").placement.channel_timeout_s == 60.0
+
+
 def test_bad_choice_lists_the_choices():
     with pytest.raises(ConfigError, match="'constant', 'linear'") as exc:
         resolve_config("ppo_cartpole", algo__lr_schedule="cosine")

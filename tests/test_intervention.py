@@ -425,6 +425,9 @@ def test_the_arm_selector_takes_over_and_drives_one_arm_of_a_bimanual_robot(reco
 # ----------------------------------------------------------------------------- on the cluster
 
 
+CHANNEL_TIMEOUT_S = 15.0  # the e-stop hold's run: placement.channel_timeout_s, held past
+
+
 def robot_run_config(total: int = 10**7) -> dict[str, Any]:
     return {
         "algorithm": "ppo",
@@ -521,19 +524,20 @@ def test_estop_and_clear_from_the_run_reach_the_stepping_robots():
 @pytest.mark.usefixtures("attached")
 def test_an_estop_held_past_the_channel_timeout_leaves_a_channel_mode_run_waiting():
     """In ``channel`` mode the rollout worker reads its env workers' obs from a channel. An e-stop held longer
-    than a channel read's default timeout (60 s) must leave the run waiting for the clear, as in ``direct``
-    mode: the controller's abort, not a timeout, wakes those reads."""
+    than the run's channel timeout (``placement.channel_timeout_s``, here 15 s instead of the default 60 s so
+    that the hold is short) must leave the run waiting for the clear, as in ``direct`` mode: the controller's
+    abort, not a timeout, wakes those reads."""
     import rlinf_nb as rl
 
     cfg = robot_run_config()
-    cfg["placement"] = {"env_to_rollout": "channel"}
+    cfg["placement"] = {"env_to_rollout": "channel", "channel_timeout_s": CHANNEL_TIMEOUT_S}
     run = rl.launch(cfg, name=f"estop_ch_{uuid.uuid4().hex[:6]}")
     try:
         _wait(lambda: run.status()["update_step"] >= 1, 300, "a first update")
         run.estop(reason="long", env=1)
         _wait(lambda: run.status()["robot_envs"][1]["waiting"], 60, "env 1 waiting in its reset")
         steps = run.status()["env_steps"]
-        time.sleep(68.0)
+        time.sleep(CHANNEL_TIMEOUT_S + 5.0)
         st = run.status()
         assert st["state"] not in ("failed", "stopped"), st.get("error")
         assert st["env_steps"] == steps and st["estopped"] == [1]
