@@ -117,9 +117,9 @@ class PlacementConfig:
     )
     channel_timeout_s: float = param(
         60.0,
-        doc="how long a put or get on the run's channels waits before the run fails naming the channel and "
-        "key (a lost peer is reported after this long); the reads that wait on purpose, such as an env held "
-        "in its reset by an e-stop, have no timeout",
+        doc="how long a put or get on the run's channels waits before it gives up with an error naming the "
+        "channel and key (a lost peer shows after this long); the reads that wait on purpose, such as an env "
+        "held in its reset by an e-stop, have no timeout",
         range=(1.0, 86_400.0),
     )
 
