@@ -1,8 +1,9 @@
 """RLPD with scripted demos vs SAC without them: same env, budget, seeds and shared SAC fields, several seeds.
 
 Run: ``.venv/bin/python bench/bench_rlpd_vs_sac.py [--seeds 0 1 2] [--budget 5000] [--demos 10]
-[--set algo__init_alpha=0.1 ...]``
-(attaches to, or starts, the local cluster; ~3.5 min per run on 2 cores, three runs per seed).
+[--arms sac] [--set algo__init_alpha=0.1 ...]``
+(attaches to, or starts, the local cluster; ~3.5 min per run on 2 cores, three runs per seed, or
+``rlpd`` and the SAC arms named by ``--arms``).
 
 Issue 5 asks that ``rlpd_pushcube`` with 10 scripted demo episodes beat SAC without demos on the
 same budget and seeds. The slow test checks one seed; this prints the comparison over several,
@@ -34,6 +35,7 @@ import pandas as pd
 import yaml
 
 REACHED = 0.5  # success_rate for "env steps to reach"
+ARMS = ("rlpd", "sac", "sac+warmup")  # see the module docstring
 
 
 def sac_twin_of(rlpd_cfg: Any, warmup: bool = False) -> dict:
@@ -77,7 +79,8 @@ def arms(seed: int, budget: int, demos: int, overrides: dict[str, Any] | None = 
     rlpd = resolve_config("rlpd_pushcube", seed=seed, algo__demos=f"scripted:{demos}",
                           budget__total_env_steps=budget, budget__stop_metric=None,
                           budget__stop_value=None, **(overrides or {}))  # fmt: skip
-    return {"rlpd": to_dict(rlpd), "sac": sac_twin_of(rlpd), "sac+warmup": sac_twin_of(rlpd, warmup=True)}
+    configs = (to_dict(rlpd), sac_twin_of(rlpd), sac_twin_of(rlpd, warmup=True))
+    return dict(zip(ARMS, configs, strict=True))
 
 
 def run_one(cfg: dict, name: str, budget: int) -> dict[str, float]:
@@ -96,6 +99,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=5000, help="env steps per run")
     parser.add_argument("--demos", type=int, default=10, help="scripted demo episodes for RLPD")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS,
+                        help="which arms to run per seed (rlpd is always run: the margins are its)")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for every arm, e.g. algo__init_alpha=0.1 (YAML value)")  # fmt: skip
     args = parser.parse_args()
@@ -106,6 +111,8 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         for arm, cfg in arms(seed, args.budget, args.demos, overrides).items():
+            if arm != "rlpd" and arm not in args.arms:
+                continue
             result = run_one(cfg, f"{arm.replace('+', '_')}_s{seed}", args.budget)
             rows.append({"seed": seed, "arm": arm, **result})
             print(f"seed {seed} {arm:<11} last quarter {result['late']:.3f}  auc {result['auc']:.3f}  "
@@ -116,7 +123,7 @@ def main() -> None:
           f"{overrides or 'none'}; mean over seeds {args.seeds}:")  # fmt: skip
     print(table.groupby("arm")[["late", "auc", "to_reach"]].mean().round(3).to_string())
     late = table.pivot(index="seed", columns="arm", values="late")
-    for baseline in ("sac", "sac+warmup"):
+    for baseline in (arm for arm in ARMS[1:] if arm in late):
         margins = late["rlpd"] - late[baseline]
         print(f"rlpd - {baseline} (last quarter): per seed {', '.join(f'{m:+.3f}' for m in margins)}; "
               f"mean {statistics.mean(margins):+.3f}; rlpd ahead in {(margins > 0).sum()}/{len(margins)}")  # fmt: skip

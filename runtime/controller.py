@@ -171,6 +171,9 @@ class RunControllerImpl:
         self.state = "starting"  # starting | running | paused | finished | stopped | failed
         self.setup_progress: dict[str, Any] | None = None  # long setup work, reported by the learner
         self.error: str | None = None
+        # a worker failed mid-rollout while an e-stopped env holds the rollout (it waits in its reset): what
+        # will end the rollout at the clear, and then fail or recover the run; None otherwise
+        self.failing: str | None = None
         self.stop_requested = False
         self.step_target: str | None = None  # step mode: run until this stage (or "__next__") completes
         self.step_allowed = False
@@ -554,32 +557,7 @@ class RunControllerImpl:
         """Wait for a segment, read its trajectories into ``ctx.batch`` ([T, N] arrays) and count them."""
         env_fut, roll_fut = segment
         ch = self.channels
-        # Watch both groups: when any worker dies or raises, tell the others to abort.
-        pending = env_fut.refs + roll_fut.refs
-        failure: BaseException | None = None
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=600)
-            if not done and self.robots.any_estopped_now():
-                continue  # an e-stopped env waits for its clear: not a hung worker
-            if not done:
-                failure = TimeoutError("rollout: no worker finished within 600 s")
-                self._abort_rollout()
-                break
-            try:
-                report = ray.get(done[0])
-                if not report["ok"] and failure is None:
-                    if report.get("lost_peer"):  # e.g. an env worker whose rollout worker died under it
-                        failure = WorkerLost(report["lost_peer"], report["error"][-600:])
-                    else:
-                        failure = RuntimeError(f"rollout worker failed:\n{report['error']}")
-                    self._abort_rollout()
-            except RECOVERABLE as exc:
-                if failure is None or not isinstance(failure, RECOVERABLE):
-                    group = "rollout" if done[0] in roll_fut.refs else "env"
-                    failure = WorkerLost(group, f"{type(exc).__name__}: {str(exc)[:300]}")
-                self._abort_rollout()
-        if failure is not None:
-            raise failure
+        self._await_segment(env_fut, roll_fut)
         env_results = env_fut.get()
         roll_fut.get()
         self._note_env_restarts([r.get("incarnation") for r in env_results])
@@ -621,6 +599,61 @@ class RunControllerImpl:
             self.stale_chunk_rate = sum(stale) / max(1, new_steps // self.cfg.policy.chunk)
         return {"env_steps": new_steps, "episodes": len(returns),
                 "episode_return_mean": float(np.mean(returns)) if returns else None}  # fmt: skip
+
+    def _await_segment(self, env_fut: GroupFuture, roll_fut: GroupFuture) -> None:
+        """Wait until every worker of a segment has returned; raise the first failure seen.
+
+        When a worker dies or raises, the others are told to abort. A peer that cannot take the abort yet
+        (an e-stopped env waits in its reset until it is cleared) is waited for, however long the e-stop is
+        held; meanwhile ``status()["failing"]`` says what will end the rollout, and a ``worker_failed``
+        event records it.
+        """
+        pending = env_fut.refs + roll_fut.refs
+        failure: BaseException | None = None
+        noted = False  # the failure was checked against a held env
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=600)
+                if not done and self.robots.any_estopped_now():
+                    continue  # an e-stopped env waits for its clear: not a hung worker
+                if not done:
+                    failure = TimeoutError("rollout: no worker finished within 600 s")
+                    self._abort_rollout()
+                    break
+                try:
+                    report = ray.get(done[0])
+                    if not report["ok"] and failure is None:
+                        if report.get("lost_peer"):  # e.g. an env worker whose rollout worker died under it
+                            failure = WorkerLost(report["lost_peer"], report["error"][-600:])
+                        else:
+                            failure = RuntimeError(f"rollout worker failed:\n{report['error']}")
+                        self._abort_rollout()
+                except RECOVERABLE as exc:
+                    if failure is None or not isinstance(failure, RECOVERABLE):
+                        group = "rollout" if done[0] in roll_fut.refs else "env"
+                        failure = WorkerLost(group, f"{type(exc).__name__}: {str(exc)[:300]}")
+                    self._abort_rollout()
+                if failure is not None and pending and not noted:
+                    noted = True
+                    self._note_failing(failure)
+            if failure is not None:
+                raise failure
+        finally:
+            with self.lock:
+                self.failing = None
+
+    def _note_failing(self, failure: BaseException) -> None:
+        """A failure that must wait for an e-stopped env's clear: ``status()["failing"]`` and an event."""
+        if not self.robots.any_estopped_now(timeout=5.0):  # 5 s: a lost env worker may be slow to answer
+            return  # the other workers take the abort at once
+        lines = [line for line in str(failure).splitlines() if line.strip()] or [type(failure).__name__]
+        # a lost worker's message leads with who was lost; a raised error's traceback ends with what it was
+        text = (lines[0] if isinstance(failure, WorkerLost) else lines[-1])[:300]
+        with self.lock:
+            self.failing = text
+        self.event("worker_failed", detail=text,
+                   note="the rollout is aborted; it ends once the e-stopped env(s) are cleared (an e-stopped env "
+                        "waits in its reset), and then the run recovers or fails")  # fmt: skip
 
     def _measure_links(self, env_results: list[dict[str, Any]]) -> None:
         """``link_delay_ms`` of the segment: the linked channels' new delays plus the direct path's."""
@@ -1165,6 +1198,7 @@ class RunControllerImpl:
                 "setup": self.setup_progress if self.state == "starting" else None,
                 "overrides": {k: v[1] or getattr(v[0], "__name__", "") for k, v in self.overrides.items()},
                 "error": self.error,
+                "failing": self.failing,  # see _await_segment: set while a failed rollout waits for a held env
                 "started_at": self.started_at,
                 "budget": to_dict(self.cfg.budget),
                 "ended_at": self.ended_at,

@@ -546,3 +546,41 @@ def test_an_estop_held_past_the_channel_timeout_leaves_a_channel_mode_run_waitin
         assert run.status()["state"] in ("running", "paused", "stepping")
     finally:
         run.stop(timeout=120)
+
+
+@pytest.mark.usefixtures("attached")
+def test_a_rollout_worker_lost_under_an_estop_shows_as_failing_and_recovers_after_the_clear():
+    """SIGKILL the rollout worker of a channel-mode run while an e-stop holds env 1 in its reset. The held env
+    cannot take the rollout's abort until it is cleared, so the rollout's end waits for the clear; meanwhile
+    the status says what will end it (``failing``) and a ``worker_failed`` event records it. After the clear
+    the controller recovers: Ray's restarted rollout worker serves the repeated rollout."""
+    import rlinf_nb as rl
+    from tests.helpers import sigkill_worker
+
+    cfg = robot_run_config()
+    cfg["placement"] = {"env_to_rollout": "channel"}
+    run = rl.launch(cfg, name=f"estop_lost_{uuid.uuid4().hex[:6]}")
+    try:
+        _wait(lambda: run.status()["update_step"] >= 1, 300, "a first update")
+        run.estop(reason="held", env=1)
+        _wait(lambda: run.status()["robot_envs"][1]["waiting"], 60, "env 1 waiting in its reset")
+        assert run.status()["failing"] is None
+        sigkill_worker(run, "rollout")
+        failing = _wait(lambda: run.status()["failing"], 60, "the lost rollout worker in status()['failing']")
+        assert failing.startswith("a rollout worker was lost during the rollout"), failing
+        st = run.status()
+        assert st["state"] == "running" and st["estopped"] == [1]
+        ev = run.events()
+        (detail,) = ev[ev["kind"] == "worker_failed"]["detail"]
+        assert detail == failing
+        steps = st["env_steps"]
+
+        run.clear_estop(env=1)
+        _wait(lambda: run.status()["env_steps"] > steps, 120, "the repeated rollout after clear_estop")
+        st = run.status()
+        assert st["state"] == "running" and st["failing"] is None, st.get("error")
+        ev = run.events()
+        lost = ev[(ev["kind"] == "recovery") & (ev["group"] == "rollout")]
+        assert lost["action"].tolist()[0] == "restarted", lost
+    finally:
+        run.stop(timeout=120)

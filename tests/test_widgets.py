@@ -222,6 +222,19 @@ def test_event_text_describes_changes():
     assert "advantages ← mc" in event_text({"kind": "override", "stage": "advantages", "fn": "mc"})
     restored = event_text({"kind": "recovery", "group": "actor", "action": "restored", "from_step": 40})
     assert "actor: restored" in restored and "back to the checkpoint of step 40" in restored
+    failed = event_text({"kind": "worker_failed", "detail": "a rollout worker was lost during the rollout"})
+    assert "worker_failed" in failed and "a rollout worker was lost" in failed
+
+
+def test_the_status_line_says_when_a_failed_rollout_waits_for_an_estop():
+    from rlinf_nb.widgets.controls import status_html
+
+    st = {"state": "running", "stage": "rollout", "update_step": 3, "env_steps": 96}
+    assert "rollout failed" not in status_html({**st, "failing": None})
+    line = status_html(
+        {**st, "failing": "ChannelTimeout: channel 'r/obs': nothing arrived on 0 within 5.0 s"}
+    )
+    assert "rollout failed, ends at the e-stop's clear: ChannelTimeout: channel &#x27;r/obs&#x27;" in line
 
 
 def test_the_feed_starts_over_when_a_learner_is_restored_from_a_checkpoint():

@@ -93,6 +93,11 @@ def status_html(st: dict[str, Any] | None, error: str | None = None) -> str:
     ]
     if st.get("overrides"):
         parts.append("overrides: " + ", ".join(html.escape(k) for k in st["overrides"]))
+    if st.get("failing"):  # a failed rollout waiting for an e-stopped env: the run recovers or fails after
+        parts.append(
+            "<span style='color:#d62728'>rollout failed, ends at the e-stop's clear: "
+            f"{html.escape(str(st['failing']))}</span>"
+        )
     setup = setup_text(st)
     if setup:  # recording demos before the first iteration (minutes for some tasks)
         parts.insert(1, html.escape(setup))

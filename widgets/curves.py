@@ -87,6 +87,8 @@ def event_text(e: dict[str, Any]) -> str:
             lines.append(f"back to the checkpoint of step {e['from_step']}")
         if e.get("detail"):
             lines.append(str(e["detail"])[:120])
+    elif kind == "worker_failed":
+        lines.append(str(e.get("detail", ""))[:120])
     elif kind == "failed" and e.get("error"):
         lines.append(str(e["error"]).strip().splitlines()[-1][:120])
     elif kind in ("estop", "clear_estop"):
