@@ -21,7 +21,8 @@ from rlinf_nb.config import ConfigError, build, deep_merge, nest_dotted, to_dict
 from rlinf_nb.connection import ensure_attached
 from rlinf_nb.run_config import ALIASES, RunConfig
 from rlinf_nb.runtime import cluster
-from rlinf_nb.runtime.controller import RunController, actor_name, source_of
+from rlinf_nb.runtime.controller import actor_name
+from rlinf_nb.runtime.controller_actor import RunController, source_of
 from rlinf_nb.runtime.rundir import RunDir, dedupe_steps
 from rlinf_nb.runtime.setup_progress import setup_text
 
@@ -428,6 +429,41 @@ class Run:
 
     def checkpoint(self) -> str | None:
         return self._call("checkpoint_now", timeout=300)
+
+    def trace(self, path: str | Path | None = None) -> Path:
+        """Write the run's timeline to ``path`` (default ``<run dir>/trace.json``) and return the path.
+
+        One row per process (the controller's stages, then each env, rollout and learner worker's calls),
+        one box per span, in the Trace Event Format: open it in https://ui.perfetto.dev or
+        ``chrome://tracing``. A live run's timeline is read from its workers (their newest 20,000 calls
+        each); a run that ended wrote its own at the end, which is what a run without a live controller
+        gives.
+        """
+        import json
+
+        import ray
+
+        target = Path(path) if path is not None else self.run_dir.trace_path
+        trace = None
+        if self._actor() is not None:
+            try:
+                trace = self._call("trace", timeout=120)
+            except ray.exceptions.RayActorError:  # the controller exited (linger_s) since it was looked up
+                trace = None
+        live = trace is not None
+        if not live:
+            trace = self.run_dir.read_trace()
+            if trace is None:
+                raise RuntimeError(
+                    f"run {self.name!r} has no live controller and no timeline on disk ({self.run_dir.trace_path}): "
+                    "a run writes one when it ends; a run whose controller died before that has none"
+                )
+        if live or target != self.run_dir.trace_path:
+            from rlinf_nb.runtime.rundir import atomic_write_bytes
+
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(target, json.dumps(trace, separators=(",", ":"), default=str).encode())
+        return target
 
     def batch(self) -> BatchView:
         return BatchView(self)

@@ -1,4 +1,4 @@
-"""The RunController: one detached named actor per run, owning the loop.
+"""The RunController's loop: one detached named actor per run (:mod:`.controller_actor`) runs it.
 
 Training runs in a thread of the actor; the control API (``pause``, ``step``,
 ``set_hparams``, ``metrics_since``, ...) runs on the actor's event loop, so control
@@ -6,15 +6,16 @@ calls stay fast while a stage is busy. The loop is the algorithm's list of named
 stages; before each stage the *gate* applies pending hyperparameter changes and
 honours pause / step / stop. Everything that matters is written to the run
 directory, from which a crashed controller is rebuilt (``resume=True``).
+
+:class:`RunControllerImpl` holds the run's state, its setup, the loop, checkpoints and status; its
+other jobs are mixins in their own modules: collecting rollouts (:mod:`.collection`), recovering from
+lost workers (:mod:`.recovery`), step-through and live tuning (:mod:`.run_control`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
-import functools
-import inspect
 import os
 import threading
 import time
@@ -25,20 +26,22 @@ import cloudpickle
 import numpy as np
 import ray
 
-from rlinf_nb import tree
 from rlinf_nb.algorithms.init_from import newest_checkpoint_of_run
 from rlinf_nb.algorithms.registry import Algorithm, Stage, get_algorithm, install_algorithm
-from rlinf_nb.config import ConfigError, build, deep_merge, to_dict
-from rlinf_nb.run_config import PlacementConfig, RunConfig, live_params, resolve_key
+from rlinf_nb.config import build, deep_merge, to_dict
+from rlinf_nb.run_config import PlacementConfig, RunConfig, live_params
 
-from .channel import DEFAULT, MAX_WAITERS, Channel
-from .links import LinkDelays
+from .channel import MAX_WAITERS, Channel
+from .collection import Collection
+from .recovery import RECOVERABLE, WorkerRecovery
 from .robot_claims import claim_robots, rank_resources, release_robots
 from .robot_control import RobotFleet
+from .run_control import RunControl, get_path
 from .rundir import RunDir, dedupe_steps
 from .setup_progress import SetupReporter
+from .stage_context import StageContext
+from .trace import SpanLog, chrome_trace
 from .worker import (
-    GroupFuture,
     GroupPlacement,
     LocalWorkerGroup,
     WorkerGroup,
@@ -46,87 +49,17 @@ from .worker import (
     node_totals,
     route_env_to_rollout,
 )
-from .workers import ABORT, EnvWorker, LearnerWorker, RolloutWorker, rollout_rounds
+from .workers import EnvWorker, LearnerWorker, RolloutWorker
 
 ACTOR_PREFIX = "run:"
-
-
-class WorkerLost(RuntimeError):
-    """A worker of ``group`` died (or Ray is restarting it) during a rollout: recover the group and repeat it."""
-
-    def __init__(self, group: str, detail: str):
-        self.group, self.detail = group, detail
-        super().__init__(f"a {group} worker was lost during the rollout: {detail}")
-
-
-RECOVERABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, WorkerLost)
 
 
 def actor_name(run_name: str) -> str:
     return f"{ACTOR_PREFIX}{run_name}"
 
 
-def summarize_batch(batch: dict[str, Any]) -> list[dict[str, Any]]:
-    """Key, shape, dtype and simple statistics of every array in a batch (dict obs: ``obs/<key>`` rows)."""
-    rows = []
-    for key, arr in tree.items(batch):
-        arr = np.asarray(arr)
-        row: dict[str, Any] = {"key": key, "shape": tuple(arr.shape), "dtype": str(arr.dtype)}
-        if arr.size and np.issubdtype(arr.dtype, np.number) or arr.dtype == bool:
-            a = arr.astype(np.float64)
-            row.update(mean=float(a.mean()), std=float(a.std()), min=float(a.min()), max=float(a.max()))
-        rows.append(row)
-    return rows
-
-
-class StageContext:
-    """What a stage function sees (see :mod:`rlinf_nb.algorithms.stages`)."""
-
-    def __init__(self, controller: RunControllerImpl):
-        self._c = controller
-        self.batch: dict[str, Any] = {}
-        self.state: dict[str, Any] = {}  # what stages keep between calls (counters, schedules)
-
-    @property
-    def cfg(self) -> RunConfig:
-        return self._c.cfg
-
-    @property
-    def hp(self) -> Any:
-        return self._c.cfg.algo
-
-    @property
-    def progress(self) -> float:
-        return min(1.0, self._c.env_steps / max(1, self._c.cfg.budget.total_env_steps))
-
-    def collect_rollout(
-        self, steps: int, reset_seeds: list[int] | None = None, acting: str = "sample"
-    ) -> dict[str, Any]:
-        """``steps`` env steps per env; ``reset_seeds`` (one per env over all env workers, in rank
-        order) first resets every env with its seed (GRPO's groups); ``acting``: ``sample`` from the
-        policy, or its ``mode`` (evaluation)."""
-        return self._c.collect_rollout(steps, reset_seeds, acting)
-
-    @property
-    def env_steps(self) -> int:
-        return self._c.env_steps
-
-    @property
-    def update_step(self) -> int:
-        return self._c.update_step
-
-    def collect_async(self, steps: int, block: bool = False) -> dict[str, Any]:
-        return self._c.collect_async(steps, block)
-
-    def learner_update(self, keys: list[str]) -> dict[str, Any]:
-        return self._c.learner_update(keys)
-
-    def sync_weights(self) -> dict[str, Any]:
-        return self._c.sync_weights()
-
-
-class RunControllerImpl:
-    """The loop and its state; wrapped as a Ray actor by :data:`RunController`."""
+class RunControllerImpl(Collection, WorkerRecovery, RunControl):
+    """The loop and its state; wrapped as a Ray actor by :data:`.controller_actor.RunController`."""
 
     def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
                  algorithm: bytes | None = None, paused: bool = False,
@@ -216,6 +149,8 @@ class RunControllerImpl:
         self.latest_weights: tuple[list[Any], int] | None = None
         self.random_warmup_done = False  # algo.random_steps collected (the event is written once)
         self.env_incarnations: list[str | None] = []  # per env worker rank: which start of it (restarts)
+        self.final_trace: dict[str, Any] | None = None  # the timeline kept when the workers were released
+        self.spans = SpanLog()  # the stages (and setup) as run, for the run's timeline (``run.trace()``)
         self.thread = threading.Thread(target=self._main, name=f"run-{name}", daemon=True)
 
     # ------------------------------------------------------------------ logs
@@ -443,416 +378,7 @@ class RunControllerImpl:
         np.random.set_state(state["numpy_rng"])
         return dropped
 
-    # ------------------------------------------------------------------ stage context services
-
-    def collect_rollout(
-        self, steps: int, reset_seeds: list[int] | None = None, acting: str = "sample"
-    ) -> dict[str, Any]:
-        for attempt in range(4):
-            try:
-                return self._collect_rollout_once(steps, reset_seeds, acting)
-            except RECOVERABLE as exc:
-                if attempt == 3:
-                    raise
-                self._recover_lost_worker(exc)
-        raise AssertionError("unreachable")
-
-    def _collect_rollout_once(
-        self, steps: int, reset_seeds: list[int] | None = None, acting: str = "sample"
-    ) -> dict[str, Any]:
-        if reset_seeds is not None:
-            self._reset_envs(reset_seeds)
-        segment = self._start_segment(steps, transitions=False, acting=acting)
-        return self._finish_segment(segment)
-
-    def _reset_envs(self, seeds: list[int]) -> None:
-        """Reset every env worker's envs, env ``i`` of worker ``r`` with ``seeds[r * num_envs + i]``."""
-        n, group = self.cfg.env.num_envs, self.groups["env"]
-        if len(seeds) != n * len(group):
-            raise ValueError(f"reset_seeds: got {len(seeds)} seeds for {n * len(group)} envs")
-        group.call("reset", rank_args=[(list(seeds[r * n : (r + 1) * n]),) for r in range(len(group))]).get(
-            timeout=300
-        )
-
-    def _start_segment(self, steps: int, transitions: bool, acting: str = "sample") -> tuple[Any, Any]:
-        """Start ``steps`` env steps on every env worker, served by the rollout workers (non-blocking).
-
-        With action chunks (``policy.chunk = k``) the policy answers once per ``k`` steps. ``acting``:
-        ``sample`` or ``mode`` (see :data:`.inference.ACTING_MODES`); the off-policy warm-up of
-        ``algo.random_steps`` makes it ``random``.
-        """
-        from rlinf_nb.algorithms.chunks import check_chunk_steps
-
-        ch = self.channels
-        chunk, prefetch = self.cfg.policy.chunk, self.cfg.policy.chunk_prefetch
-        decisions = check_chunk_steps(steps, chunk, "rollout steps")
-        # off-policy warm-up: uniform random actions until algo.random_steps env steps are collected
-        if transitions and self._in_random_warmup():
-            acting = "random"
-        if self.colocated:
-            env_fut = self.groups["env"].call(
-                "rollout_colocated", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
-                weights=self.latest_weights, acting=acting, prefetch=prefetch,
-            )  # fmt: skip
-            return env_fut, GroupFuture(self.groups["env"], "rollout_colocated", [])
-        self._resync_restarted_rollout_workers()
-        if self.env_to_rollout == "direct":
-            policies = self.groups["rollout"].actors
-            n_roll = len(policies)
-            links = self.cfg.placement.links  # the launch's linked streams, as retuned since (maybe zeroed)
-            direct = {k: to_dict(getattr(links, k)) for k in self.link_streams if k != "trajectories"}
-            env_fut = self.groups["env"].call(
-                "rollout_direct", steps, ch["trajectories"], ch.get("frames"), transitions, chunk=chunk,
-                rank_args=[(policies[r % n_roll],) for r in range(len(self.groups["env"]))],
-                **({"links": direct} if direct else {}), acting=acting, prefetch=prefetch,
-            )  # fmt: skip
-            return env_fut, GroupFuture(self.groups["rollout"], "infer", [])
-        env_fut = self.groups["env"].call(
-            "rollout",
-            steps,
-            ch["obs"],
-            ch["actions"],
-            ch["trajectories"],
-            ch.get("frames"),
-            transitions,
-            chunk=chunk,
-            acting=acting,
-            prefetch=prefetch,
-        )
-        rounds = rollout_rounds(decisions, prefetch, value_round=not transitions)
-        roll_fut = self.groups["rollout"].call(
-            "serve", rank_args=[(rounds, ranks, ch["obs"], ch["actions"]) for ranks in self.env_ranks_of]
-        )
-        return env_fut, roll_fut
-
-    def _resync_restarted_rollout_workers(self) -> None:
-        """Send the last synced weights to rollout workers that do not have them, and record it.
-
-        A rollout worker that Ray restarted (killed, OOM) comes back with its initial weights: without
-        this it would act with them until the next sync, and an on-policy batch would mix two policies.
-        """
-        if self.latest_weights is None:
-            return
-        refs, version = self.latest_weights
-        group = self.groups["rollout"]
-        stale = [rank for rank, v in enumerate(group.call("weights_version").get(timeout=120)) if v < version]
-        if not stale:
-            return
-        for rank in stale:
-            group.call_one(rank, "set_weights", refs[0], version).get(timeout=120)
-        self.event("recovery", group="rollout", ranks=stale, action="weights_resent", version=version,
-                   note="rollout worker(s) restarted by Ray had lost the synced weights; sent again")  # fmt: skip
-
-    def _in_random_warmup(self) -> bool:
-        """Whether the next segment still belongs to ``algo.random_steps`` (an event marks its end)."""
-        random_steps = getattr(self.cfg.algo, "random_steps", 0) or 0
-        if self.env_steps < random_steps:
-            return True
-        if random_steps and not self.random_warmup_done:
-            self.random_warmup_done = True
-            self.event("random_steps_done", random_steps=random_steps)
-        return False
-
-    def _finish_segment(self, segment: tuple[Any, Any]) -> dict[str, Any]:
-        """Wait for a segment, read its trajectories into ``ctx.batch`` ([T, N] arrays) and count them."""
-        env_fut, roll_fut = segment
-        ch = self.channels
-        self._await_segment(env_fut, roll_fut)
-        env_results = env_fut.get()
-        roll_fut.get()
-        self._note_env_restarts([r.get("incarnation") for r in env_results])
-        n_env = len(self.groups["env"])
-        # Every env worker has put its segment (a blocking put) before its rollout returned: only a linked
-        # stream holds it back, until its simulated delivery time, however long the link's latency is.
-        wait = None if "trajectories" in self.link_streams else DEFAULT  # placement.channel_timeout_s
-        trajs = ch["trajectories"].get_batch(list(range(n_env)), timeout=wait, as_torch=False)
-        if self.link_streams:
-            self._measure_links(env_results)
-        batch = {  # [T, N] along the envs of all workers; dict obs concatenate leaf by leaf
-            k: tree.concatenate([t["batch"][k] for t in trajs], axis=1)
-            for k in trajs[0]["batch"]
-            if k != "last_values"
-        }
-        if "last_values" in trajs[0]["batch"]:
-            batch["last_values"] = np.concatenate([t["batch"]["last_values"] for t in trajs])
-        self.ctx.batch = batch
-        new_steps = sum(t["env_steps"] for t in trajs)
-        returns = [r for t in trajs for r in t["episode_returns"]]
-        with self.lock:
-            for rank, t in enumerate(trajs):  # trajectories come in rank order
-                self.worker_env_steps[rank] += t["env_steps"]
-                self.worker_episodes[rank] += len(t["episode_returns"])
-            self.env_steps += new_steps
-            self.episodes += len(returns)
-            self.returns_window.extend(returns)
-            self.lengths_window.extend(x for t in trajs for x in t["episode_lengths"])
-            self.success_window.extend(x for t in trajs for x in t["successes"])
-        codec = [t["obs_codec"] for t in trajs if t.get("obs_codec")]
-        if codec:  # cumulative per worker: bytes sent / raw bytes of the compressed observations
-            raw = sum(c["raw_bytes"] for c in codec)
-            self.obs_compression = sum(c["sent_bytes"] for c in codec) / raw if raw else None
-        human = [t["human"] for t in trajs if "human" in t]
-        if human:
-            self._record_human(human, new_steps)
-        stale = [r["stale_chunks"] for r in env_results if "stale_chunks" in r]
-        if stale:  # prefetched chunks that started in a new episode from the old one's last observation
-            self.stale_chunk_rate = sum(stale) / max(1, new_steps // self.cfg.policy.chunk)
-        return {"env_steps": new_steps, "episodes": len(returns),
-                "episode_return_mean": float(np.mean(returns)) if returns else None}  # fmt: skip
-
-    def _await_segment(self, env_fut: GroupFuture, roll_fut: GroupFuture) -> None:
-        """Wait until every worker of a segment has returned; raise the first failure seen.
-
-        When a worker dies or raises, the others are told to abort. A peer that cannot take the abort yet
-        (an e-stopped env waits in its reset until it is cleared) is waited for, however long the e-stop is
-        held; meanwhile ``status()["failing"]`` says what will end the rollout, and a ``worker_failed``
-        event records it.
-        """
-        pending = env_fut.refs + roll_fut.refs
-        failure: BaseException | None = None
-        noted = False  # the failure was checked against a held env
-        try:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=600)
-                if not done and self.robots.any_estopped_now():
-                    continue  # an e-stopped env waits for its clear: not a hung worker
-                if not done:
-                    failure = TimeoutError("rollout: no worker finished within 600 s")
-                    self._abort_rollout()
-                    break
-                try:
-                    report = ray.get(done[0])
-                    if not report["ok"] and failure is None:
-                        if report.get("lost_peer"):  # e.g. an env worker whose rollout worker died under it
-                            failure = WorkerLost(report["lost_peer"], report["error"][-600:])
-                        else:
-                            failure = RuntimeError(f"rollout worker failed:\n{report['error']}")
-                        self._abort_rollout()
-                except RECOVERABLE as exc:
-                    if failure is None or not isinstance(failure, RECOVERABLE):
-                        group = "rollout" if done[0] in roll_fut.refs else "env"
-                        failure = WorkerLost(group, f"{type(exc).__name__}: {str(exc)[:300]}")
-                    self._abort_rollout()
-                if failure is not None and pending and not noted:
-                    noted = True
-                    self._note_failing(failure)
-            if failure is not None:
-                raise failure
-        finally:
-            with self.lock:
-                self.failing = None
-
-    def _note_failing(self, failure: BaseException) -> None:
-        """A failure that must wait for an e-stopped env's clear: ``status()["failing"]`` and an event."""
-        if not self.robots.any_estopped_now(timeout=5.0):  # 5 s: a lost env worker may be slow to answer
-            return  # the other workers take the abort at once
-        lines = [line for line in str(failure).splitlines() if line.strip()] or [type(failure).__name__]
-        # a lost worker's message leads with who was lost; a raised error's traceback ends with what it was
-        text = (lines[0] if isinstance(failure, WorkerLost) else lines[-1])[:300]
-        with self.lock:
-            self.failing = text
-        self.event("worker_failed", detail=text,
-                   note="the rollout is aborted; it ends once the e-stopped env(s) are cleared (an e-stopped env "
-                        "waits in its reset), and then the run recovers or fails")  # fmt: skip
-
-    def _measure_links(self, env_results: list[dict[str, Any]]) -> None:
-        """``link_delay_ms`` of the segment: the linked channels' new delays plus the direct path's."""
-        delays = LinkDelays()
-        for r in env_results:
-            delays.merge(r.get("link_delays") or {})
-        for name in self.link_streams:
-            if name not in self.channels:  # direct path: its delays come with the env workers' results
-                continue
-            m = self.channels[name].metrics()
-            total = (m.get("link_delay_s", 0.0), m.get("link_messages", 0))
-            seen = self.link_seen.get(name, (0.0, 0))
-            if total[1] > seen[1]:
-                delays.add(name, total[0] - seen[0], total[1] - seen[1])
-            self.link_seen[name] = total
-        self.link_metrics = delays.metrics()
-
-    def _record_human(self, tallies: list[dict[str, Any]], new_steps: int) -> None:
-        """Intervention metrics of one segment, and an ``intervention`` event when a human took over."""
-        steps = sum(h["intervened_steps"] for h in tallies)
-        takeovers = sum(h["takeovers"] for h in tallies)
-        arm_steps: dict[str, int] = {}  # multi-arm robots: steps a human drove each arm
-        for h in tallies:
-            for path, n in h.get("arm_steps", {}).items():
-                arm_steps[path] = arm_steps.get(path, 0) + n
-        with self.lock:
-            self.intervention_rate = steps / max(1, new_steps)
-            if len(arm_steps) > 1:
-                self.arm_intervention_rates = {p: n / max(1, new_steps) for p, n in arm_steps.items()}
-            self.clean_success_window.extend(x for h in tallies for x in h["clean_successes"])
-        if takeovers:
-            per_arm = {f"intervened_steps/{p}": n for p, n in arm_steps.items()} if len(arm_steps) > 1 else {}
-            self.event("intervention", takeovers=takeovers, intervened_steps=steps, **per_arm)
-
-    def collect_async(self, steps: int, block: bool) -> dict[str, Any]:
-        """Off-policy collection that runs while the learner trains.
-
-        A segment of ``steps`` env steps per env is always in flight. When it has finished (or
-        ``block`` is true and it is waited for), its transitions become ``ctx.batch`` and the next
-        segment starts at once; otherwise ``ctx.batch`` is empty and nothing is counted.
-        """
-        for attempt in range(4):
-            try:
-                if self._segment is None:
-                    self._segment = self._start_segment(steps, transitions=True)
-                if not block and not (self._segment[0].ready() and self._segment[1].ready()):
-                    self.ctx.batch = {}
-                    return {"env_steps": 0}
-                segment, self._segment = self._segment, None
-                summary = self._finish_segment(segment)
-                batch = self.ctx.batch
-                self._segment = self._start_segment(steps, transitions=True)  # collect during the update
-                self.ctx.batch = batch
-                return summary
-            except RECOVERABLE as exc:
-                self._segment = None
-                if attempt == 3:
-                    raise
-                self._recover_lost_worker(exc)
-        raise AssertionError("unreachable")
-
-    def _abort_rollout(self) -> None:
-        n_env = len(self.groups["env"])
-        for key in range(n_env):
-            for name in ("obs", "actions"):
-                if name not in self.channels:
-                    continue
-                try:
-                    self.channels[name].put_async(key, {ABORT: True}, timeout=5)
-                except Exception:  # noqa: BLE001 - best effort
-                    pass
-
-    def _note_env_restarts(self, incarnations: list[str | None]) -> None:
-        """Record env workers that Ray restarted between two rollouts (no call failed, so nothing else says so)."""
-        for rank, now in enumerate(incarnations):
-            before = self.env_incarnations[rank] if rank < len(self.env_incarnations) else None
-            if before is not None and now is not None and now != before:
-                self.event("recovery", group="env", rank=rank, action="restarted",
-                           note="the env worker was restarted by Ray between rollouts; its envs started afresh")  # fmt: skip
-        self.env_incarnations = list(incarnations)
-
-    def _recover_lost_worker(self, exc: BaseException) -> None:
-        """After a worker died during a rollout: wait until Ray has restarted it, reset the envs, record it.
-
-        The caller then repeats the rollout; a restarted rollout worker gets the synced weights again first
-        (:meth:`_resync_restarted_rollout_workers`).
-        """
-        lost = exc.group if isinstance(exc, WorkerLost) else "env"
-        for name in ("env", "rollout"):
-            if name not in self.groups:
-                continue
-            health = self._wait_until_alive(self.groups[name], exc)
-            if name == "env":
-                self.env_incarnations = [h.get("incarnation") for h in health]  # recorded below
-        for ch in self.channels.values():
-            ch.clear()
-        self.groups["env"].call("reset").get(timeout=120)
-        note = {"env": "the env worker was restarted by Ray; the rollout was repeated",
-                "rollout": "the rollout worker was lost mid-rollout and restarted by Ray; the envs were reset "
-                           "and the rollout was repeated"}.get(lost, "the rollout was repeated")  # fmt: skip
-        detail = exc.detail if isinstance(exc, WorkerLost) else str(exc)
-        self.event("recovery", group=lost, action="restarted", detail=f"{type(exc).__name__}: {detail[:300]}",
-                   note=note)  # fmt: skip
-
-    @staticmethod
-    def _wait_until_alive(group: Any, exc: BaseException, timeout: float = 120.0) -> list[dict[str, Any]]:
-        deadline = time.time() + timeout
-        health = group.health(timeout=2)
-        while not all(h["alive"] for h in health) and time.time() < deadline:
-            time.sleep(1.0)
-            health = group.health(timeout=2)
-        if not all(h["alive"] for h in health):
-            raise RuntimeError(f"{group.name} workers did not come back after a failure: {health}") from exc
-        return health
-
-    def _recover_lost_learner(self, exc: BaseException) -> bool:
-        """After the learner worker died: restore it from the newest complete checkpoint and roll the run back.
-
-        Returns False when the learner is not what was lost (the caller re-raises ``exc``). Ray restarts the
-        learner with its initial state; it gets its demos/dataset again, then the checkpoint's state, and the
-        run's counters go back to the checkpoint (like ``resume=True``, with the live config kept). The
-        steps after it run again: their metrics rows are replaced, so ``step`` stays gap-free.
-
-        Raises:
-            RuntimeError: the learner was lost and the run has no complete checkpoint to restore.
-        """
-        group = self.groups.get("actor")
-        if not isinstance(group, WorkerGroup):
-            return False  # a learner in this process dies with the controller: resume=True restores it
-        if isinstance(exc, WorkerLost):
-            lost = exc.group == "actor"
-        else:  # a call to the learner failed (it may be back already, restarted), or it does not answer
-            learner_ids = {a._actor_id.hex() for a in group.actors}
-            lost = getattr(exc, "actor_id", None) in learner_ids or not all(
-                h["alive"] for h in group.health(timeout=5)
-            )
-        if not lost:
-            return False
-        info = self.run_dir.latest_checkpoint()
-        if info is None:
-            raise RuntimeError(
-                "the learner worker was lost and this run has no complete checkpoint to restore it from "
-                f"(checkpoint.every: {self.cfg.checkpoint.every}); launch with checkpoint.every > 0 to recover "
-                "from a lost learner"
-            ) from exc
-        self._wait_until_alive(group, exc)
-        self._drop_segment_in_flight()
-        for ch in self.channels.values():
-            ch.clear()
-        self._prepare_learner(self.cfg, to_dict(self.cfg.env))
-        dropped = self._load_checkpoint(info, config=False)
-        synced = self.sync_weights()
-        if self.colocated:  # a colocated policy loads only newer weights by itself: these are older
-            refs, version = self.latest_weights
-            for offer in [a.offer_weights.remote(refs[0], version, True) for a in self.groups["env"].actors]:
-                ray.get(offer, timeout=120)
-        detail = exc.detail if isinstance(exc, WorkerLost) else str(exc)
-        self.event("recovery", group="actor", action="restored", checkpoint=info.path.name, from_step=info.step,
-                   discarded_rows=dropped, weights_version=synced["weights_version"],
-                   detail=f"{type(exc).__name__}: {detail[:300]}",
-                   note="the learner worker was lost; Ray restarted it and the run went back to its newest "
-                        "complete checkpoint")  # fmt: skip
-        return True
-
-    def _await_beside_segment(self, fut: GroupFuture, timeout: float = 120.0) -> list[Any]:
-        """``fut``'s results, where its workers may first have to finish the off-policy segment in flight.
-
-        The segment takes as long as it needs (an e-stopped env waits in its reset, and the channel reads of
-        the rollout workers wait with it); ``timeout`` counts only once no segment worker is still working.
-        A segment worker that failed or died leaves its peers waiting for it: the rollout is aborted, which
-        wakes them, and the next collect stage reports the failure (and recovers from it).
-        """
-        seg_refs = [r for f in self._segment for r in f.refs] if self._segment is not None else []
-        deadline, aborted = time.monotonic() + timeout, False
-        while True:
-            done, _ = ray.wait(fut.refs, num_returns=len(fut.refs), timeout=0.5)
-            if len(done) == len(fut.refs):
-                return fut.get()
-            ended, running = (
-                ray.wait(seg_refs, num_returns=len(seg_refs), timeout=0) if seg_refs else ([], [])
-            )
-            if not aborted and any(_ended_badly(r) for r in ended):
-                self._abort_rollout()
-                aborted = True
-            if running:
-                deadline = time.monotonic() + timeout
-            elif time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{fut.method} on the {fut.group.name} workers: no answer within {timeout:g} s"
-                )
-
-    def _drop_segment_in_flight(self) -> None:
-        """Wait for an off-policy collection segment still running (its data belongs to the lost steps), drop it."""
-        segment, self._segment = self._segment, None
-        if segment is None:
-            return
-        refs = [r for fut in segment for r in getattr(fut, "refs", [])]
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=120)
+    # ------------------------------------------------------------------ stage context services (rollouts: .collection)
 
     def learner_update(self, keys: list[str]) -> dict[str, Any]:
         batch = {k: self.ctx.batch[k] for k in keys + ["versions"] if k in self.ctx.batch}
@@ -861,12 +387,6 @@ class RunControllerImpl:
         with self.lock:
             self.update_step += 1
         return out
-
-    def _check_learner_version(self, version: int | None, expected: int, call: str) -> None:
-        """A learner whose weights version is not the run's update count lost its state: Ray restarted it."""
-        if version is not None and version != expected:
-            raise WorkerLost("actor", f"its {call} answered with weights version {version}, not {expected}: "
-                                      "Ray restarted it with its initial state")  # fmt: skip
 
     def sync_weights(self) -> dict[str, Any]:
         weights, version = self.groups["actor"].call_one(0, "get_weights").get()[0]
@@ -894,51 +414,29 @@ class RunControllerImpl:
 
     # ------------------------------------------------------------------ the loop
 
-    def _gate(self, stage: str) -> bool:
-        """Block before ``stage`` as the mode demands; False when the run must stop."""
-        with self.cond:
-            while True:
-                self._apply_pending_hparams()
-                if self.stop_requested:
-                    return False
-                if self.mode == "run":
-                    self.state = "running"
-                    break
-                if self.mode == "step" and self.step_allowed:
-                    self.state = "stepping"
-                    if self.step_target == "__next__":
-                        self.step_allowed = False
-                    break
-                self.state = "paused"
-                self.current_stage = stage
-                self.cond.wait(0.5)
-            self.current_stage = stage
-        return True
-
-    def _apply_pending_hparams(self) -> None:
-        if not self.pending_hparams:
-            return
-        changes, self.pending_hparams = self.pending_hparams, {}
-        old = {k: _get_path(self.cfg, k) for k in changes}
-        merged = to_dict(self.cfg)
-        for key, value in changes.items():
-            _set_path(merged, key, value)
-        self.cfg = build(RunConfig, merged)
-        for name in self.link_streams:  # a retuned link of a channel: its actor applies it from now on
-            if name in self.channels and any(k.startswith(f"placement.links.{name}.") for k in changes):
-                self.channels[name].set_link(self.cfg.placement.links.stream_link(name))
-        self.event("hparams", changes={k: {"old": old[k], "new": v} for k, v in changes.items()})
-
     def _run_stage(self, stage: Stage) -> dict[str, Any]:
         fn = self.overrides.get(stage.name, (stage.fn,))[0]
         t0 = time.perf_counter()
-        summary = fn(self.ctx) or {}
+        with self.spans.span(stage.name, iteration=self.update_step, overridden=stage.name in self.overrides):
+            summary = fn(self.ctx) or {}
         self.stage_times[stage.name] = time.perf_counter() - t0
         return summary
 
+    def trace_processes(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """``[(label, spans)]`` for :func:`.trace.chrome_trace`: this controller's stages, then every worker's
+        calls (``env 0``, ``rollout 0``, ``actor 0``; a learner in this process is ``actor 0 (in controller)``)."""
+        processes = [(f"controller {self.name}", self.spans.since())]
+        for name, group in list(self.groups.items()):
+            local = isinstance(group, LocalWorkerGroup)
+            for rank, spans in enumerate(group.trace_spans()):
+                label = f"{name} {rank}" + (" (in controller)" if local else "")
+                processes.append((label if spans is not None else f"{label} (not answering)", spans or []))
+        return processes
+
     def _main(self) -> None:
         try:
-            self.setup()
+            with self.spans.span("setup"):
+                self.setup()
             self.event("start", resumed_from=self.resumed_from, algorithm=self.cfg.algorithm,
                        paused=self.mode == "pause", env_to_rollout=self.env_to_rollout,
                        **self.setup_timings)  # fmt: skip
@@ -1044,7 +542,7 @@ class RunControllerImpl:
         for name, secs in self.stage_times.items():
             row[f"time/{name}"] = secs
         for key in live_params(self.cfg, self.link_streams):
-            row[f"hp/{key}"] = _get_path(self.cfg, key)
+            row[f"hp/{key}"] = get_path(self.cfg, key)
         with self.lock:
             self.metrics_rows.append(row)
         self.run_dir.metrics.append(row)
@@ -1082,6 +580,7 @@ class RunControllerImpl:
         if self.released:
             return
         self.released = True
+        self._keep_trace()
         for group in self.groups.values():
             group.kill()
         for ch in self.channels.values():
@@ -1096,6 +595,15 @@ class RunControllerImpl:
             except Exception:  # noqa: BLE001 - a claim left behind is stale once this controller is gone
                 traceback.print_exc()
 
+    def _keep_trace(self) -> None:
+        """Write the timeline to the run directory while the workers still hold their spans (at the end)."""
+        try:
+            self.final_trace = chrome_trace(self.trace_processes())
+            if self.run_dir.path.exists():
+                self.run_dir.write_trace(self.final_trace)
+        except Exception:  # noqa: BLE001 - a timeline is a convenience: it never fails a run
+            traceback.print_exc()
+
     def env_worker_rows(self) -> list[dict[str, Any]]:
         """Per env worker: its rank, robot (placement.env.robots), Ray node, env steps and episodes."""
         where = {p["rank"]: p for p in self.placement_info if p.get("group") == "env"}
@@ -1105,78 +613,7 @@ class RunControllerImpl:
             for rank in range(self.cfg.placement.env.num_workers)
         ]  # fmt: skip
 
-    # ------------------------------------------------------------------ control API (called from the event loop)
-
-    def set_mode(self, mode: str, kind: str) -> dict[str, Any]:
-        with self.cond:
-            self.mode = mode
-            if mode == "run":
-                self.step_allowed = False
-            self.cond.notify_all()
-        self.event(kind)
-        return self.status()
-
-    def request_step(self, stage: str | None) -> int:
-        names = [s.name for s in self.stages]
-        if stage is not None and stage not in names:
-            raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(names)}")
-        with self.cond:
-            if self.state in ("finished", "stopped", "failed"):
-                raise RuntimeError(f"run {self.name!r} is {self.state}; it cannot step")
-            self.mode = "step"
-            self.step_target = stage or "__next__"
-            self.step_allowed = True
-            start = self.stages_done
-            self.cond.notify_all()
-        return start
-
-    def wait_step_done(self, start: int, stage: str | None, timeout: float) -> dict[str, Any]:
-        deadline = time.time() + timeout
-        with self.cond:
-            while True:
-                if self.state in ("failed", "stopped", "finished"):
-                    break
-                if self.stages_done > start and not self.step_allowed:
-                    break
-                if time.time() > deadline:
-                    raise TimeoutError(f"step did not finish within {timeout} s (state {self.state})")
-                self.cond.wait(0.2)
-            return dict(self.last_stage_summary)
-
-    def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:
-        live = live_params(self.cfg, self.link_streams)
-        resolved = {}
-        for key, value in changes.items():
-            path = resolve_key(self.cfg, key)
-            if path not in live:
-                allowed = ", ".join(sorted(live))
-                raise ConfigError(path, value, f"not a live hyperparameter; live ones: {allowed}")
-            resolved[path] = value
-        merged = to_dict(self.cfg)
-        for path, value in resolved.items():
-            _set_path(merged, path, value)
-        build(RunConfig, merged)  # validate now: the caller gets the error, not the loop
-        with self.cond:
-            self.pending_hparams.update(resolved)
-            self.cond.notify_all()
-        return resolved
-
-    def set_override(self, stage: str, fn: Any, source: str | None) -> None:
-        names = [s.name for s in self.stages]
-        if stage not in names:
-            raise ValueError(f"unknown stage {stage!r}; stages that can be overridden: {', '.join(names)}")
-        if not callable(fn):
-            raise TypeError(f"override for {stage!r} must be callable, got {type(fn).__name__}")
-        with self.lock:
-            self.overrides[stage] = (fn, source)
-        self.event("override", stage=stage, fn=getattr(fn, "__name__", repr(fn)), source=source)
-
-    def revert(self, stage: str) -> bool:
-        with self.lock:
-            removed = self.overrides.pop(stage, None) is not None
-        if removed:
-            self.event("revert", stage=stage)
-        return removed
+    # ------------------------------------------------------------------ status (the control API: .run_control)
 
     def status(self) -> dict[str, Any]:
         with self.lock:
@@ -1239,14 +676,6 @@ def _record_section(record: dict[str, Any], run_dir: RunDir) -> dict[str, Any] |
     return {**record, "root": str(record["root"] or run_dir.path / "data")}
 
 
-def _ended_badly(ref: ray.ObjectRef) -> bool:
-    """Whether a finished worker call failed: its report says so, or its actor died under it."""
-    try:
-        return not ray.get(ref)["ok"]
-    except Exception:  # noqa: BLE001 - a lost actor, a cancelled call: all failures
-        return True
-
-
 def _run_alive(run: str) -> bool:
     """Whether run ``run``'s controller actor exists (a robot claim of a gone run is stale)."""
     from .cluster import NAMESPACE
@@ -1258,206 +687,4 @@ def _run_alive(run: str) -> bool:
         return False
 
 
-def _get_path(cfg: Any, path: str) -> Any:
-    obj = cfg
-    for part in path.split("."):
-        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
-    return obj
-
-
-def _set_path(d: dict[str, Any], path: str, value: Any) -> None:
-    parts = path.split(".")
-    for part in parts[:-1]:
-        d = d[part]
-    d[parts[-1]] = value
-
-
-def _touches(method: Any) -> Any:
-    """Mark a control method as a use of the controller (it resets the linger clock)."""
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        self.last_call = time.time()
-        return await method(self, *args, **kwargs)
-
-    return wrapper
-
-
-@ray.remote(num_cpus=0, max_concurrency=64)
-class RunController:
-    """The Ray actor: async control methods around :class:`RunControllerImpl`.
-
-    Once the run has ended and nobody has called for ``linger_s`` seconds, the actor exits and
-    frees its memory; the client then reads the run's history and last status from its directory.
-    """
-
-    def __init__(self, name: str, config: dict[str, Any], resume: bool = False,
-                 algorithm: bytes | None = None, paused: bool = False,
-                 resume_overrides: dict[str, Any] | None = None, obs_features: bytes | None = None):  # fmt: skip
-        self.impl = RunControllerImpl(name, config, resume, algorithm, paused, resume_overrides, obs_features)
-        self.last_call = time.time()
-        self.impl.thread.start()
-        threading.Thread(target=self._linger_watch, name=f"linger-{name}", daemon=True).start()
-
-    def _linger_watch(self) -> None:
-        impl = self.impl
-        while True:
-            time.sleep(1.0)
-            if impl.ended_at is None:
-                continue
-            idle = time.time() - max(self.last_call, impl.ended_at)
-            if idle >= impl.cfg.linger_s:
-                impl._write_status_quietly()
-                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-                return
-
-    @_touches
-    async def ping(self) -> str:
-        return self.impl.name
-
-    @_touches
-    async def status(self) -> dict[str, Any]:
-        await self.impl.robots.refresh()
-        return self.impl.status()
-
-    async def report_setup(self, task: str, done: int, total: int) -> None:
-        """Setup progress from the learner (:class:`.setup_progress.SetupReporter`); not a user's call."""
-        self.impl.report_setup(task, done, total)
-
-    @_touches
-    async def health(self) -> dict[str, Any]:
-        groups = self.impl.groups
-        loop = asyncio.get_running_loop()
-        out = {}
-        for name, group in groups.items():
-            out[name] = await loop.run_in_executor(None, group.health, 2.0)
-        chans = {}
-        for name, ch in self.impl.channels.items():
-            try:
-                chans[name] = await ch.metrics_async()
-            except Exception as exc:  # noqa: BLE001
-                chans[name] = {"error": type(exc).__name__}
-        return {"groups": out, "channels": chans}
-
-    @_touches
-    async def pause(self) -> dict[str, Any]:
-        return self.impl.set_mode("pause", "pause")
-
-    @_touches
-    async def resume(self) -> dict[str, Any]:
-        return self.impl.set_mode("run", "resume")
-
-    @_touches
-    async def stop(self) -> dict[str, Any]:
-        with self.impl.cond:
-            self.impl.stop_requested = True
-            self.impl.cond.notify_all()
-        self.impl.event("stop_requested")
-        return self.impl.status()
-
-    @_touches
-    async def step(self, stage: str | None = None, timeout: float = 600.0) -> dict[str, Any]:
-        start = self.impl.request_step(stage)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.impl.wait_step_done, start, stage, timeout)
-
-    @_touches
-    async def human(self, env: int, cmd: dict[str, Any]) -> dict[str, Any]:
-        """A human's command for env ``env`` (global index over all env workers); see :mod:`rlinf_nb.envs.human`."""
-        impl = self.impl
-        group = impl.groups.get("env")
-        if group is None:
-            return {"ok": False, "error": "the run has no env workers yet"}
-        per_worker = impl.cfg.env.num_envs
-        rank, local = divmod(int(env), per_worker)
-        if not 0 <= rank < len(group):
-            return {
-                "ok": False,
-                "error": f"env {env} out of range: the run has {per_worker * len(group)} envs",
-            }
-        report = await group.actors[rank].human_command.remote(local, dict(cmd))
-        if report["ok"] and cmd.get("kind") != "action":
-            extra = {k: cmd[k] for k in ("mark", "arm") if k in cmd}
-            impl.event("human", command=cmd["kind"], env=int(env), **extra)
-        return report
-
-    @_touches
-    async def estop(self, reason: str = "run", env: int | None = None) -> dict[str, Any]:
-        """Latch the e-stop of every robot env (or env ``env``); recorded as an ``estop`` event."""
-        return await self.impl.robots.command("estop", env, reason)
-
-    @_touches
-    async def clear_estop(self, env: int | None = None) -> dict[str, Any]:
-        """Clear the e-stop of every robot env (or env ``env``); its waiting envs reset and go on."""
-        return await self.impl.robots.command("clear_estop", env)
-
-    @_touches
-    async def set_hparams(self, changes: dict[str, Any]) -> dict[str, Any]:
-        return self.impl.set_hparams(changes)
-
-    @_touches
-    async def override(self, stage: str, fn: Any, source: str | None = None) -> None:
-        self.impl.set_override(stage, fn, source)
-
-    @_touches
-    async def revert(self, stage: str) -> bool:
-        return self.impl.revert(stage)
-
-    @_touches
-    async def checkpoint_now(self) -> str | None:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.impl.save_checkpoint, "manual")
-
-    @_touches
-    async def metrics_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
-        rows = self.impl.metrics_rows
-        return rows[cursor:], len(rows)
-
-    @_touches
-    async def events_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
-        rows = self.impl.event_rows
-        return rows[cursor:], len(rows)
-
-    @_touches
-    async def batch_summary(self) -> list[dict[str, Any]]:
-        return summarize_batch(self.impl.ctx.batch)
-
-    @_touches
-    async def batch_arrays(self, keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        batch = self.impl.ctx.batch
-        return {k: tree.map(np.asarray, v) for k, v in batch.items() if keys is None or k in keys}
-
-    @_touches
-    async def config(self) -> dict[str, Any]:
-        return to_dict(self.impl.cfg)
-
-    @_touches
-    async def live_params(self) -> dict[str, dict[str, Any]]:
-        out = {}
-        for path, field in live_params(self.impl.cfg, self.impl.link_streams).items():
-            out[path] = {"value": _get_path(self.impl.cfg, path), "doc": field.metadata.get("doc", ""),
-                         "range": field.metadata.get("range"), "choices": field.metadata.get("choices")}  # fmt: skip
-        return out
-
-    @_touches
-    async def frames_channel(self) -> tuple[Channel | None, int]:
-        """The ``frames`` channel (None before setup) and how many env workers feed it.
-
-        Clients read camera frames and episodes from it themselves (``runtime/frame_reader.py``), so a
-        dashboard's frame polling never runs in this process, next to the training loop.
-        """
-        return self.impl.channels.get("frames"), len(self.impl.groups.get("env", []) or [])
-
-    @_touches
-    async def placement(self) -> list[dict[str, Any]]:
-        return self.impl.placement_info
-
-
-def source_of(fn: Any) -> str | None:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        return None
-
-
-__all__ = ["RunController", "RunControllerImpl", "actor_name", "source_of", "summarize_batch"]
+__all__ = ["RunControllerImpl", "actor_name", "group_placements"]

@@ -140,6 +140,23 @@ class RunDir:
         except (OSError, json.JSONDecodeError):
             return None
 
+    # ------------------------------------------------------------------ the timeline
+
+    @property
+    def trace_path(self) -> Path:
+        return self.path / "trace.json"
+
+    def write_trace(self, trace: dict[str, Any]) -> None:
+        """Atomically keep the run's last timeline (Trace Event Format, see :mod:`.trace`)."""
+        data = json.dumps(trace, default=_json_default, separators=(",", ":")).encode()
+        atomic_write_bytes(self.trace_path, data)
+
+    def read_trace(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.trace_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, step: int, env_steps: int, state: dict[str, Any], keep: int = 3) -> Path:

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from .cluster_spec import NODE_GROUP_RESOURCE
+from .trace import SpanLog
 
 LABEL_SHARE = 0.001  # how much of a node-group label resource one worker asks for
 
@@ -72,26 +73,33 @@ class Worker:
         self.group = group
         # which start of this worker: a worker Ray restarted reports another one
         self.incarnation = f"{os.getpid()}-{time.time_ns()}"
+        self.spans = SpanLog()  # every group call, for the run's timeline (``run.trace()``)
 
     def _invoke(self, method: str, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """Run ``method`` and report its result, timing, or traceback (never raises)."""
-        t0 = time.perf_counter()
+        """Run ``method`` and report its result, timing, or traceback (never raises); kept as a span."""
+        t0, start_ns = time.perf_counter(), time.time_ns()
         try:
             # Arguments travel inside a tuple, so Ray leaves ObjectRefs unresolved: resolve them here.
             args = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
             kwargs = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()}
             result = getattr(self, method)(*args, **kwargs)
-            return {"ok": True, "result": result, "elapsed": time.perf_counter() - t0}
+            report = {"ok": True, "result": result, "elapsed": time.perf_counter() - t0}
         except Exception as exc:  # noqa: BLE001 - shipped to the caller with its traceback
             report = {"ok": False, "error": traceback.format_exc(), "elapsed": time.perf_counter() - t0}
             if isinstance(exc, PeerLost):
                 report["lost_peer"] = exc.group
-            return report
+        self.spans.record(method, start_ns, time.time_ns() - start_ns, report["ok"])
+        return report
 
     @ray.method(concurrency_group="control")
     def ping(self) -> dict[str, Any]:
         return {"rank": self.rank, "group": self.group, "pid": os.getpid(), "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "incarnation": self.incarnation}  # fmt: skip
+
+    @ray.method(concurrency_group="control")
+    def trace_spans(self, since_ns: int = 0) -> list[dict[str, Any]]:
+        """This worker's kept calls that started at or after ``since_ns`` (see :mod:`.trace`)."""
+        return self.spans.since(since_ns)
 
 
 @dataclass
@@ -331,6 +339,17 @@ class WorkerGroup:
                 out.append({"rank": rank, "alive": False, "error": type(exc).__name__})
         return out
 
+    def trace_spans(self, timeout: float = 10.0) -> list[list[dict[str, Any]] | None]:
+        """Every worker's kept calls (see :mod:`.trace`), by rank; None for a worker that did not answer."""
+        refs = [a.trace_spans.remote() for a in self.actors]
+        out: list[list[dict[str, Any]] | None] = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref, timeout=timeout))
+            except Exception:  # noqa: BLE001 - a lost worker's calls are gone with it
+                out.append(None)
+        return out
+
     def kill(self) -> None:
         for actor in self.actors:
             try:
@@ -394,6 +413,9 @@ class LocalWorkerGroup:
         if self.worker is None:
             return [{"rank": 0, "alive": False, "error": "released"}]
         return [{"alive": True, **self.worker.ping(), "in_process": True}]
+
+    def trace_spans(self, timeout: float = 10.0) -> list[list[dict[str, Any]] | None]:
+        return [None if self.worker is None else self.worker.spans.since()]
 
     def kill(self) -> None:
         self.worker = None

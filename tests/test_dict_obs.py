@@ -81,7 +81,7 @@ def test_tree_shape_contract_names_the_offending_leaf():
 
 
 def test_batch_summary_has_a_row_per_obs_key():
-    from rlinf_nb.runtime.controller import summarize_batch
+    from rlinf_nb.runtime.stage_context import summarize_batch
 
     rows = summarize_batch({"obs": tree.stack([_obs(2)] * 3), "rewards": np.zeros((3, 2), np.float32)})
     by_key = {r["key"]: r for r in rows}
