@@ -27,6 +27,7 @@ _EXPORTS = {
     "list_runs": "rlinf_nb.client",
     "Run": "rlinf_nb.client",
     "dashboard": "rlinf_nb.widgets",
+    "timeline": "rlinf_nb.widgets",
     "make_env": "rlinf_nb.envs",
 }
 # public name -> module that *is* the export

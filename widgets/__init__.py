@@ -6,7 +6,7 @@
     dash                       # display it; dash.close() stops its poller
 
 Parts live in their own modules (curves, controls, intervention, hparams, debugger, media (camera
-tiles), episode_viewer (the rollout scrubber), visibility, cluster_view, poller, dashboard). Imports are lazy, so ``import rlinf_nb.widgets`` is cheap;
+tiles), episode_viewer (the rollout scrubber), timeline_view (a run's spans: rl.timeline), visibility, cluster_view, poller, dashboard). Imports are lazy, so ``import rlinf_nb.widgets`` is cheap;
 ``CARTPOLE_WITH_FRAMES`` (the pygame-free CartPole, an env) lives in :mod:`rlinf_nb.envs.cartpole_sketch`.
 """
 
@@ -27,6 +27,7 @@ _EXPORTS = {
     "EpisodeViewer": ".episode_viewer",
     "Visibility": ".visibility",
     "ClusterView": ".cluster_view",
+    "timeline": ".timeline_view",
     "Poller": ".poller",
     "Pacer": ".poller",
     "CARTPOLE_WITH_FRAMES": "rlinf_nb.envs.cartpole_sketch",
