@@ -573,6 +573,7 @@ class RunControllerImpl(Collection, WorkerRecovery, RunControl):
             self.update_step, self.env_steps, state, keep=self.cfg.checkpoint.keep
         )
         self.event("checkpoint", path=path.name, reason=reason)
+        self._write_trace()
         return path.name
 
     def _release_workers(self) -> None:
@@ -580,7 +581,7 @@ class RunControllerImpl(Collection, WorkerRecovery, RunControl):
         if self.released:
             return
         self.released = True
-        self._keep_trace()
+        self.final_trace = self._write_trace()
         for group in self.groups.values():
             group.kill()
         for ch in self.channels.values():
@@ -595,14 +596,17 @@ class RunControllerImpl(Collection, WorkerRecovery, RunControl):
             except Exception:  # noqa: BLE001 - a claim left behind is stale once this controller is gone
                 traceback.print_exc()
 
-    def _keep_trace(self) -> None:
-        """Write the timeline to the run directory while the workers still hold their spans (at the end)."""
+    def _write_trace(self) -> dict[str, Any] | None:
+        """Gather the timeline and write it (atomically) to the run directory: after each checkpoint, so a
+        killed controller leaves a recent one, and at the end, while the workers still hold their spans."""
         try:
-            self.final_trace = chrome_trace(self.trace_processes())
+            trace = chrome_trace(self.trace_processes())
             if self.run_dir.path.exists():
-                self.run_dir.write_trace(self.final_trace)
+                self.run_dir.write_trace(trace)
+            return trace
         except Exception:  # noqa: BLE001 - a timeline is a convenience: it never fails a run
             traceback.print_exc()
+            return None
 
     def env_worker_rows(self) -> list[dict[str, Any]]:
         """Per env worker: its rank, robot (placement.env.robots), Ray node, env steps and episodes."""

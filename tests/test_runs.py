@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -241,6 +242,12 @@ def test_killed_controller_resumes_from_last_complete_checkpoint():
     assert ckpt is not None and ckpt.step >= 4
     lost = rl.get_run(name).status()  # the controller is gone: its last written status, marked lost
     assert lost["state"] == "lost" and lost["live"] is False, lost
+    # its timeline as of its newest checkpoint (written after each one) is in the run directory
+    trace = json.loads(rl.get_run(name).trace().read_text())
+    rows = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    spans = [(rows[e["pid"]].split(" ")[0], e["name"]) for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert spans.count(("controller", "update")) >= ckpt.step - 2  # killed between a checkpoint and its trace
+    assert spans.count(("env", "rollout_colocated")) >= ckpt.step - 2, sorted(set(spans))
     resumed = rl.launch(None, name=name, resume=True)
     st = wait_for_step(resumed, ckpt.step + 2)
     assert st["update_step"] >= ckpt.step + 2
