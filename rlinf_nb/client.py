@@ -436,8 +436,8 @@ class Run:
         One row per process (the controller's stages, then each env, rollout and learner worker's calls),
         one box per span, in the Trace Event Format: open it in https://ui.perfetto.dev or
         ``chrome://tracing``. A live run's timeline is read from its workers (their newest 20,000 calls
-        each); a run that ended wrote its own at the end, which is what a run without a live controller
-        gives.
+        each). Without a live controller it is the one the controller last wrote into the run directory
+        (after each checkpoint, and at the end).
         """
         import json
 
@@ -456,7 +456,7 @@ class Run:
             if trace is None:
                 raise RuntimeError(
                     f"run {self.name!r} has no live controller and no timeline on disk ({self.run_dir.trace_path}): "
-                    "a run writes one when it ends; a run whose controller died before that has none"
+                    "its controller writes one after each checkpoint and at the end, and this one died before either"
                 )
         if live or target != self.run_dir.trace_path:
             from rlinf_nb.runtime.rundir import atomic_write_bytes

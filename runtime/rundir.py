@@ -23,6 +23,7 @@ import io
 import json
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +50,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Write ``data`` to ``path`` via a temp file, fsync and rename.
+
+    The temp file is per process and thread: two threads writing one path (the controller's loop and a
+    control call) each rename a whole file of their own, never one the other is still writing.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()

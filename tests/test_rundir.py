@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
-from rlinf_nb.runtime.rundir import JsonlLog, RunDir, dedupe_steps
+from rlinf_nb.runtime.rundir import JsonlLog, RunDir, atomic_write_bytes, dedupe_steps
 
 
 def test_checkpoint_round_trip_and_pruning(tmp_path):
@@ -57,3 +57,29 @@ def test_a_rerun_from_a_checkpoint_drops_the_lost_timeline_even_past_where_it_go
     assert dedupe_steps(rows) == [{"step": 1, "v": "old"}, {"step": 2, "v": "old"}, {"step": 3, "v": "new"}]
     twice = rows + [{"step": 4, "v": "new"}, {"step": 2, "v": "newer"}]  # a second rollback, further back
     assert [(r["step"], r["v"]) for r in dedupe_steps(twice)] == [(1, "old"), (2, "newer")]
+
+
+def test_two_threads_writing_one_file_atomically_each_leave_a_whole_file(tmp_path):
+    """The controller's loop and a control call may write status.json or trace.json at once: every write
+    succeeds, and the file always holds one writer's whole payload."""
+    import threading
+
+    path = tmp_path / "status.json"
+    payloads = [bytes([65 + i]) * 200_000 for i in range(2)]
+    errors: list[BaseException] = []
+
+    def writer(data: bytes) -> None:
+        try:
+            for _ in range(40):
+                atomic_write_bytes(path, data)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in payloads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert path.read_bytes() in payloads
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # no temp file left behind
