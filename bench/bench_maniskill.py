@@ -165,9 +165,14 @@ def cluster_rollout(
         raise RuntimeError(f"the run produced no metrics: {run.status()}")
     per_iter = rollout_steps * workers / df["time/rollout"]
     steady = per_iter.iloc[1:] if len(per_iter) > 1 else per_iter
+    later = df.iloc[1:] if len(df) > 1 else df
     return {
         "rollout_steps_per_s": float(steady.median()),
         "overall_steps_per_s": float(df["steps_per_s"].iloc[1:].median()),
+        # the env worker's split of the rollout stage: stepping envs, asking the policy, the rest (bookkeeping,
+        # the call to the env worker, the trajectories' trip back)
+        "env_share": float((later["time/rollout_env"] / later["time/rollout"]).median()),
+        "policy_share": float((later["time/rollout_policy"] / later["time/rollout"]).median()),
         "seconds": time.time() - t0,
         "iterations": len(df),
     }
@@ -258,6 +263,10 @@ def main() -> None:
         overall = statistics.median(r["overall_steps_per_s"] for r in results[label])
         print(f"  (whole PPO iteration incl. update: {overall:.1f} env-steps/s; "
               f"{len(rs)} runs of {results[label][0]['iterations']} iterations)")  # fmt: skip
+        env = statistics.median(r["env_share"] for r in results[label])
+        policy = statistics.median(r["policy_share"] for r in results[label])
+        print(f"  (rollout stage: {env:.0%} stepping envs, {policy:.0%} asking the policy, "
+              f"{1 - env - policy:.0%} the rest)")  # fmt: skip
 
 
 if __name__ == "__main__":

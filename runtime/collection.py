@@ -174,6 +174,10 @@ class Collection:
         human = [t["human"] for t in trajs if "human" in t]
         if human:
             self._record_human(human, new_steps)
+        timed = [r for r in env_results if "env_s" in r]
+        if timed:  # where the segment's time went, mean over the env workers
+            self.rollout_times = {"time/rollout_env": float(np.mean([r["env_s"] for r in timed])),
+                                  "time/rollout_policy": float(np.mean([r["policy_s"] for r in timed]))}  # fmt: skip
         stale = [r["stale_chunks"] for r in env_results if "stale_chunks" in r]
         if stale:  # prefetched chunks that started in a new episode from the old one's last observation
             self.stale_chunk_rate = sum(stale) / max(1, new_steps // self.cfg.policy.chunk)

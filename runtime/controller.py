@@ -130,6 +130,8 @@ class RunControllerImpl(Collection, WorkerRecovery, RunControl):
         self.obs_compression: float | None = None  # compression.obs: bytes sent / raw, so far
         self.stale_chunk_rate: float | None = None  # policy.chunk_prefetch: of the last segment's decisions
         self.link_metrics: dict[str, float] = {}  # placement.links: link_delay_ms of the last segment
+        # the last segment's seconds stepping envs and asking the policy (mean over env workers): time/rollout_*
+        self.rollout_times: dict[str, float] = {}
         self.link_seen: dict[str, tuple[float, int]] = {}  # per linked channel: its delay totals so far
         self.metrics_rows: list[dict[str, Any]] = []
         self.event_rows: list[dict[str, Any]] = []
@@ -541,6 +543,7 @@ class RunControllerImpl(Collection, WorkerRecovery, RunControl):
             row[key] = value
         for name, secs in self.stage_times.items():
             row[f"time/{name}"] = secs
+        row.update(self.rollout_times)
         for key in live_params(self.cfg, self.link_streams):
             row[f"hp/{key}"] = get_path(self.cfg, key)
         with self.lock:

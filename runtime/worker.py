@@ -74,10 +74,12 @@ class Worker:
         # which start of this worker: a worker Ray restarted reports another one
         self.incarnation = f"{os.getpid()}-{time.time_ns()}"
         self.spans = SpanLog()  # every group call, for the run's timeline (``run.trace()``)
+        self.span_args: dict[str, Any] = {}  # what the running call adds to its span (e.g. a rollout's env_s)
 
     def _invoke(self, method: str, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Run ``method`` and report its result, timing, or traceback (never raises); kept as a span."""
         t0, start_ns = time.perf_counter(), time.time_ns()
+        self.span_args = {}
         try:
             # Arguments travel inside a tuple, so Ray leaves ObjectRefs unresolved: resolve them here.
             args = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
@@ -88,7 +90,7 @@ class Worker:
             report = {"ok": False, "error": traceback.format_exc(), "elapsed": time.perf_counter() - t0}
             if isinstance(exc, PeerLost):
                 report["lost_peer"] = exc.group
-        self.spans.record(method, start_ns, time.time_ns() - start_ns, report["ok"])
+        self.spans.record(method, start_ns, time.time_ns() - start_ns, report["ok"], **self.span_args)
         return report
 
     @ray.method(concurrency_group="control")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -303,18 +304,24 @@ class EnvWorker(Worker):
         pending: tuple[Callable[[], dict[str, Any]], Any] | None = None  # the next decision's prefetched ask
         asked_ended = np.zeros(N, bool)  # P > 0: the pending decision's env ended after its obs was taken
         stale_chunks = 0
+        # seconds stepping the envs, and asking the policy and waiting for its answers (colocated: computing it)
+        clock = {"env": 0.0, "policy": 0.0}
 
         def ask(value_only: bool) -> tuple[Callable[[], dict[str, Any]], Any]:
             """Send the current observation (and the oldest unsent time-limit ends); returns its waiter."""
+            t0 = time.perf_counter()
             end = unsent.pop(0) if unsent else None
             wait = send({"obs": self.obs_codec.encode(self.obs), "sender": self.rank,
                          "final_obs": None if end is None else end[1], "final_mask": None if end is None else end[2],
                          "value_only": value_only, "acting": acting, "with_values": not transitions})  # fmt: skip
+            clock["policy"] += time.perf_counter() - t0
             return wait, end
 
         def receive(asked: tuple[Callable[[], dict[str, Any]], Any]) -> dict[str, Any]:
             wait, end = asked
+            t0 = time.perf_counter()
             reply = wait()
+            clock["policy"] += time.perf_counter() - t0
             if end is not None and not reply.get(ABORT):
                 bootstrap[end[0]] = np.where(end[2], reply["bootstrap_values"], 0.0)
             return reply
@@ -357,7 +364,9 @@ class EnvWorker(Worker):
                 tree.assign(buf["obs"], d + 1, self.obs)
                 pending = ask(value_only=False)
                 asked_ended[:] = False
+            t0 = time.perf_counter()
             res = self.env.step(actions if K == 1 else actions[:, j])
+            clock["env"] += time.perf_counter() - t0
             self.steps += N
             stored = buf["actions"][d] if K == 1 else buf["actions"][d][:, j]  # [N, ...]: this step's, a view
             if res.intervened is not None:  # robot envs (a human in the loop only without chunks)
@@ -416,7 +425,13 @@ class EnvWorker(Worker):
         traj_ch.put(self.rank, {"batch": buf, "episode_returns": ep_returns, "episode_lengths": ep_lengths,
                                 "successes": successes, "env_steps": T * N, **human.summary(),
                                 "obs_codec": self.obs_codec.stats() if self.obs_codec.enabled else None})  # fmt: skip
+        self.span_args = {
+            "env_steps": T * N,
+            "env_s": round(clock["env"], 6),
+            "policy_s": round(clock["policy"], 6),
+        }
         return {"env_steps": T * N, "episodes": len(ep_returns), "incarnation": self.incarnation,
+                "env_s": clock["env"], "policy_s": clock["policy"],
                 **({"stale_chunks": stale_chunks} if P else {})}  # fmt: skip
 
 

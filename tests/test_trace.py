@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 
+import numpy as np
 import pytest
 from rlinf_nb.runtime.trace import SpanLog, chrome_trace
 
@@ -120,6 +121,16 @@ def test_an_on_policy_run_traces_its_stages_in_order_and_never_rolls_out_while_i
     updates = [s for s in _spans(trace, "actor 0") if s["name"] == "update"]
     assert len(rollouts) == 5 and len(updates) == 5 and all(s["args"]["ok"] for s in rollouts + updates)
     assert not any(_overlap(r, u) for r in rollouts for u in updates)
+    # a rollout call's span says where its time went: stepping the envs, asking the policy (colocated: its forward)
+    for r in rollouts:
+        env_s, policy_s = r["args"]["env_s"], r["args"]["policy_s"]
+        assert r["args"]["env_steps"] == 4 * 32 and env_s > 0 and policy_s > 0
+        assert env_s + policy_s <= r["dur"] / 1e6
+    # ... and the metrics rows carry the same split, inside the rollout stage's time
+    df = run.metrics()
+    assert (df["time/rollout_env"] > 0).all() and (df["time/rollout_policy"] > 0).all()
+    assert (df["time/rollout_env"] + df["time/rollout_policy"] <= df["time/rollout"]).all()
+    np.testing.assert_allclose(df["time/rollout_env"], [r["args"]["env_s"] for r in rollouts], atol=1e-6)
     # each worker call sits inside the controller stage that made it
     for r, stage in zip(rollouts, [s for s in stages if s["name"] == "rollout"], strict=True):
         assert stage["ts"] <= r["ts"] and r["ts"] + r["dur"] <= stage["ts"] + stage["dur"] + 1.0
