@@ -46,8 +46,7 @@ def timeline_figure(
     """
     rows, spans = _spans_by_process(trace)
     if not spans:
-        fig = go.Figure(layout={"title": {"text": "no spans yet"}})
-        return fig
+        return go.Figure(layout={"title": {"text": "no spans yet"}})
     end_us = max(s["ts"] + s["dur"] for s in spans)
     if last_s is not None:
         spans = [s for s in spans if s["ts"] + s["dur"] >= end_us - last_s * 1e6]
