@@ -430,39 +430,37 @@ class Run:
     def checkpoint(self) -> str | None:
         return self._call("checkpoint_now", timeout=300)
 
-    def trace(self, path: str | Path | None = None) -> Path:
-        """Write the run's timeline to ``path`` (default ``<run dir>/trace.json``) and return the path.
+    def trace_events(self) -> dict[str, Any]:
+        """The run's timeline in the Trace Event Format: one row per process (the controller's stages, then
+        each env, rollout and learner worker's calls), one box per span.
 
-        One row per process (the controller's stages, then each env, rollout and learner worker's calls),
-        one box per span, in the Trace Event Format: open it in https://ui.perfetto.dev or
-        ``chrome://tracing``. A live run's timeline is read from its workers (their newest 20,000 calls
-        each). Without a live controller it is the one the controller last wrote into the run directory
-        (after each checkpoint, and at the end).
+        A live run's is read from its workers (their newest 20,000 calls each). Without a live controller it
+        is the one the controller last wrote into the run directory (after each checkpoint, and at the end).
         """
-        import json
-
         import ray
 
-        target = Path(path) if path is not None else self.run_dir.trace_path
-        trace = None
         if self._actor() is not None:
             try:
-                trace = self._call("trace", timeout=120)
+                return self._call("trace", timeout=120)
             except ray.exceptions.RayActorError:  # the controller exited (linger_s) since it was looked up
-                trace = None
-        live = trace is not None
-        if not live:
-            trace = self.run_dir.read_trace()
-            if trace is None:
-                raise RuntimeError(
-                    f"run {self.name!r} has no live controller and no timeline on disk ({self.run_dir.trace_path}): "
-                    "its controller writes one after each checkpoint and at the end, and this one died before either"
-                )
-        if live or target != self.run_dir.trace_path:
-            from rlinf_nb.runtime.rundir import atomic_write_bytes
+                pass
+        trace = self.run_dir.read_trace()
+        if trace is None:
+            raise RuntimeError(
+                f"run {self.name!r} has no live controller and no timeline on disk ({self.run_dir.trace_path}): "
+                "its controller writes one after each checkpoint and at the end, and this one died before either"
+            )
+        return trace
 
-            target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(target, json.dumps(trace, separators=(",", ":"), default=str).encode())
+    def trace(self, path: str | Path | None = None) -> Path:
+        """Write :meth:`trace_events` to ``path`` (default ``<run dir>/trace.json``) and return the path:
+        open it in https://ui.perfetto.dev or ``chrome://tracing``."""
+        from rlinf_nb.runtime.rundir import atomic_write_json
+
+        target = Path(path) if path is not None else self.run_dir.trace_path
+        trace = self.trace_events()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(target, trace)
         return target
 
     def batch(self) -> BatchView:

@@ -576,7 +576,8 @@ class RunControllerImpl(Collection, WorkerRecovery, RunControl):
             self.update_step, self.env_steps, state, keep=self.cfg.checkpoint.keep
         )
         self.event("checkpoint", path=path.name, reason=reason)
-        self._write_trace()
+        if reason != "end":  # the end's timeline is written as the workers are released, right after
+            self._write_trace()
         return path.name
 
     def _release_workers(self) -> None:

@@ -64,6 +64,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """:func:`atomic_write_bytes` of ``obj`` as compact JSON (numpy values as plain numbers and lists)."""
+    atomic_write_bytes(path, json.dumps(obj, default=_json_default, separators=(",", ":")).encode())
+
+
 class JsonlLog:
     """An append-only JSON-lines log that tolerates a torn last line."""
 
@@ -136,8 +141,7 @@ class RunDir:
 
     def write_status(self, status: dict[str, Any]) -> None:
         """Atomically record the controller's status (read when the controller is gone)."""
-        data = json.dumps(status, default=_json_default, separators=(",", ":")).encode()
-        atomic_write_bytes(self.path / "status.json", data)
+        atomic_write_json(self.path / "status.json", status)
 
     def read_status(self) -> dict[str, Any] | None:
         try:
@@ -153,8 +157,7 @@ class RunDir:
 
     def write_trace(self, trace: dict[str, Any]) -> None:
         """Atomically keep the run's last timeline (Trace Event Format, see :mod:`.trace`)."""
-        data = json.dumps(trace, default=_json_default, separators=(",", ":")).encode()
-        atomic_write_bytes(self.trace_path, data)
+        atomic_write_json(self.trace_path, trace)
 
     def read_trace(self) -> dict[str, Any] | None:
         try:

@@ -2,7 +2,7 @@
 
 The spans are ``run.trace()``'s (see :mod:`rlinf_nb.runtime.trace`): the controller's stages and every
 worker's calls. :func:`timeline_figure` is pure (a trace in, a plotly figure out); :func:`timeline` reads a
-run's trace and shows its last seconds. For the whole run at full detail, open ``run.trace()``'s file in
+run's ``trace_events()`` and shows its last seconds. For the whole run at full detail, open ``run.trace()``'s file in
 Perfetto.
 """
 
@@ -90,11 +90,8 @@ def _args_text(args: dict[str, Any]) -> str:
 
 
 def timeline(run: Any, last_s: float | None = 10.0, max_bars: int = MAX_BARS) -> LiveFigure:
-    """``run``'s timeline (its ``trace()``) for the last ``last_s`` seconds, as a figure widget to display."""
-    import json
-
-    trace = json.loads(run.trace().read_text())
-    return LiveFigure(timeline_figure(trace, last_s=last_s, max_bars=max_bars))
+    """``run``'s timeline (its ``trace_events()``) for the last ``last_s`` seconds, as a figure widget to display."""
+    return LiveFigure(timeline_figure(run.trace_events(), last_s=last_s, max_bars=max_bars))
 
 
 __all__ = ["MAX_BARS", "timeline", "timeline_figure"]
